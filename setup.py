@@ -1,0 +1,55 @@
+"""Build torch_mm_variants._C: the C++ op, the CPU ladder and, when possible, the CUDA ladder.
+
+CUDA sources are compiled when the installed torch was built with CUDA and nvcc is found;
+otherwise the extension is CPU-only and every CUDA registration (which lives only in .cu files)
+is simply absent. The CUDA arch list defaults to sm_80 plus sm_90a and is overridden by
+TORCH_CUDA_ARCH_LIST.
+"""
+import glob
+import os
+
+import torch
+from setuptools import setup
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
+
+PACKAGE = "torch_mm_variants"
+CSRC = os.path.join(PACKAGE, "csrc")
+DEFAULT_CUDA_ARCHS = "8.0;9.0a"
+
+
+def want_cuda() -> bool:
+    if os.environ.get("MM_VARIANTS_FORCE_CPU", "0") == "1":
+        return False
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
+def sources(pattern: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(CSRC, pattern), recursive=True))
+
+
+def extension():
+    cxx_flags = ["-O3", "-ffp-contract=fast", "-fopenmp"]
+    cpp_sources = sources("**/*.cpp")
+    if not want_cuda():
+        return CppExtension(
+            f"{PACKAGE}._C", cpp_sources,
+            extra_compile_args={"cxx": cxx_flags}, extra_link_args=["-fopenmp"])
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
+    nvcc_flags = ["-O3", "--expt-relaxed-constexpr", "-lineinfo",
+                  "-Xptxas=-warn-spills"]
+    return CUDAExtension(
+        f"{PACKAGE}._C", cpp_sources + sources("**/*.cu"),
+        extra_compile_args={"cxx": cxx_flags + ["-DMM_VARIANTS_WITH_CUDA"],
+                            "nvcc": nvcc_flags + ["-DMM_VARIANTS_WITH_CUDA"]},
+        extra_link_args=["-fopenmp"])
+
+
+setup(
+    name=PACKAGE,
+    version="0.1.0",
+    description="One matmul op, many kernels: a CPU and CUDA ladder from naive to tensor cores",
+    packages=[PACKAGE],
+    ext_modules=[extension()],
+    cmdclass={"build_ext": BuildExtension},
+    python_requires=">=3.10",
+)

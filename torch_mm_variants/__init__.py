@@ -1,0 +1,46 @@
+"""torch_mm_variants: one matmul op, many kernels.
+
+`torch.ops.mm_variants.matmul(a, b, algorithm)` is registered in C++ for the CPU and (when
+built with CUDA) the GPU. Every kernel is one rung of a ladder from a naive loop to tensor
+cores; `algorithms(device)` lists the rungs that exist for a device, in ladder order.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
+from . import ops  # noqa: F401  (registers the fake kernel and the autograd formula)
+from .nn import Linear, swap_linear
+
+__all__ = ["matmul", "algorithms", "auto_choice", "has_cuda", "Linear", "swap_linear"]
+__version__ = "0.1.0"
+
+
+def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
+    """Returns a @ b for 2-D `a` [M, K] and `b` [K, N], computed by the kernel `algorithm`.
+
+    Any strides work (transposed views, slices with an offset); the result is a new contiguous
+    tensor of the inputs' dtype, accumulated in float32 (float64 for float64 inputs).
+    `algorithm="auto"` picks the best kernel for the inputs; see `auto_choice`.
+    Differentiable, and traceable by torch.compile without graph breaks.
+    """
+    return torch.ops.mm_variants.matmul(a, b, algorithm)
+
+
+def algorithms(device: str | torch.device = "cpu") -> list[str]:
+    """The algorithm names that can run on `device` ("cpu", "cuda", "cuda:1", a torch.device),
+    in ladder order. "auto" is accepted everywhere and is not listed."""
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        device = torch.device("cuda", torch.cuda.current_device())
+    return list(_C.algorithms(str(device)))
+
+
+def auto_choice(a: torch.Tensor, b: torch.Tensor) -> str:
+    """The algorithm that algorithm="auto" runs for these inputs."""
+    return _C.auto_choice(a, b)
+
+
+def has_cuda() -> bool:
+    """Whether this build of the extension contains the CUDA kernels."""
+    return bool(_C.has_cuda())

@@ -1,0 +1,27 @@
+// Rung 6, parallel: the tiles of rung 5 spread over all cores with at::parallel_for.
+//
+// Output tiles are independent (each packs its own panels and owns its part of C), so no
+// synchronization is needed beyond the join at the end; the speed-up is close to the core count
+// whenever there are several tiles per core.
+#include "packed.h"
+
+#include <ATen/Parallel.h>
+
+namespace mm_variants::cpu {
+namespace {
+
+struct Parallel {
+  template <typename T>
+  static void run(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out) {
+    const auto kernel = simd::micro_kernel<acc_t<T>>();
+    const TileGrid grid = tile_grid(a.rows, b.cols);
+    at::parallel_for(0, grid.count(), /*grain_size=*/1, [&](int64_t begin, int64_t end) {
+      for (int64_t tile = begin; tile < end; ++tile) compute_tile(a, b, out, grid, tile, kernel);
+    });
+  }
+};
+
+MM_VARIANTS_REGISTER({"parallel", c10::kCPU, 6, cpu_dtypes(), &run_rung<Parallel>});
+
+}  // namespace
+}  // namespace mm_variants::cpu

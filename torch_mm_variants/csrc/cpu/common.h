@@ -1,0 +1,51 @@
+// Shared pieces of the CPU ladder: a strided matrix view, the dtype dispatch and registration
+// helpers. Every CPU rung reads its inputs through MatrixView, so transposed views and slices
+// with a storage offset work without copies.
+#pragma once
+
+#include "../registry.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace mm_variants::cpu {
+
+// Element (i, j) of a 2-D tensor with arbitrary strides.
+template <typename T>
+struct MatrixView {
+  T* data;
+  int64_t rows, cols, row_stride, col_stride;
+
+  T& operator()(int64_t i, int64_t j) const { return data[i * row_stride + j * col_stride]; }
+};
+
+template <typename T>
+MatrixView<T> view_of(const at::Tensor& t) {
+  return {static_cast<T*>(t.data_ptr()), t.size(0), t.size(1), t.stride(0), t.stride(1)};
+}
+
+// Float32 accumulation for float, half and bfloat16; double for double.
+template <typename T>
+using acc_t = at::opmath_type<T>;
+
+inline std::vector<c10::ScalarType> cpu_dtypes() {
+  return {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
+}
+
+// Turns a rung (a struct with `template <typename T> static void run(MatrixView<const T> a,
+// MatrixView<const T> b, MatrixView<T> out)`) into a registry kernel for the four CPU dtypes.
+template <class Rung>
+void run_rung(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "mm_variants_cpu",
+                                  [&] {
+                                    Rung::template run<scalar_t>(view_of<const scalar_t>(a),
+                                                                 view_of<const scalar_t>(b),
+                                                                 view_of<scalar_t>(out));
+                                  });
+}
+
+}  // namespace mm_variants::cpu

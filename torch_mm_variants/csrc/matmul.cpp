@@ -1,0 +1,123 @@
+// mm_variants::matmul: the op's schema, its input validation and the CPU registration.
+//
+// Validation lives here, once, before any kernel runs: kernels may assume 2-D inputs of one
+// dtype on one device with matching inner dimensions and M, N, K >= 1.
+#include "matmul.h"
+
+#include "cpu/simd.h"
+
+#include <ATen/ATen.h>
+#include <torch/extension.h>
+#include <torch/library.h>
+
+#include <sstream>
+
+namespace mm_variants {
+namespace {
+
+std::string dtype_list(const Algorithm& algorithm) {
+  std::ostringstream out;
+  for (size_t i = 0; i < algorithm.dtypes.size(); ++i) {
+    out << (i ? ", " : "") << c10::toString(algorithm.dtypes[i]);
+  }
+  return out.str();
+}
+
+void check_inputs(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 2, "mm_variants::matmul: a must be a matrix, got a ", a.dim(),
+              "-D tensor");
+  TORCH_CHECK(b.dim() == 2, "mm_variants::matmul: b must be a matrix, got a ", b.dim(),
+              "-D tensor");
+  TORCH_CHECK(a.size(1) == b.size(0), "mm_variants::matmul: a and b shapes cannot be multiplied (",
+              a.size(0), "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(),
+              "mm_variants::matmul: expected a and b to have the same dtype, but got: ",
+              a.scalar_type(), " != ", b.scalar_type());
+  TORCH_CHECK(a.device() == b.device(),
+              "mm_variants::matmul: expected a and b on the same device, but found ", a.device(),
+              " and ", b.device());
+  TORCH_CHECK(!a.is_complex() && a.is_floating_point(),
+              "mm_variants::matmul: unsupported dtype ", a.scalar_type(),
+              "; supported: Float, Half, BFloat16 (and Double on the CPU)");
+}
+
+void check_algorithm_accepts(const Algorithm& algorithm, const at::Tensor& a,
+                             const at::Tensor& b) {
+  TORCH_CHECK(algorithm.supports(a.scalar_type()), "mm_variants::matmul: algorithm '",
+              algorithm.name, "' does not support dtype ", a.scalar_type(), " on ",
+              a.device().type(), "; it supports: ", dtype_list(algorithm));
+  TORCH_CHECK(algorithm.accepts == nullptr || algorithm.accepts(a, b),
+              "mm_variants::matmul: algorithm '", algorithm.name, "' cannot take these inputs: ",
+              algorithm.why_not);
+}
+
+}  // namespace
+
+const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b) {
+  // The heuristic: the highest rung that can take these inputs. Rungs are ordered so that each
+  // is faster than the one before on the shapes it accepts.
+  const Algorithm* best = nullptr;
+  for (const Algorithm* algorithm : algorithms_for(a.device())) {
+    if (!algorithm->auto_candidate || !algorithm->supports(a.scalar_type())) continue;
+    if (algorithm->accepts != nullptr && !algorithm->accepts(a, b)) continue;
+    best = algorithm;
+  }
+  TORCH_CHECK(best != nullptr, "mm_variants::matmul: no algorithm on ", a.device(),
+              " supports dtype ", a.scalar_type(),
+              algorithms_for(a.device()).empty() ? " (this build has no kernels for that device)"
+                                                 : "");
+  return *best;
+}
+
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+  check_inputs(a, b);
+  const std::string name(algorithm);
+  const Algorithm& chosen = name == "auto" ? choose_auto(a, b) : find_algorithm(a.device(), name);
+  check_algorithm_accepts(chosen, a, b);
+
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0 || k == 0) return at::zeros({m, n}, a.options());
+  at::Tensor out = at::empty({m, n}, a.options());
+  chosen.run(a, b, out);
+  return out;
+}
+
+std::vector<std::string> algorithm_names(const std::string& device) {
+  std::vector<std::string> names;
+  for (const Algorithm* algorithm : algorithms_for(c10::Device(device))) {
+    names.push_back(algorithm->name);
+  }
+  return names;
+}
+
+std::string auto_choice(const at::Tensor& a, const at::Tensor& b) {
+  check_inputs(a, b);
+  return choose_auto(a, b).name;
+}
+
+}  // namespace mm_variants
+
+TORCH_LIBRARY(mm_variants, m) {
+  m.def("matmul(Tensor a, Tensor b, str algorithm=\"auto\") -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mm_variants, CPU, m) { m.impl("matmul", &mm_variants::matmul); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("algorithms", &mm_variants::algorithm_names,
+        "Names of the algorithms that can run on a device ('cpu', 'cuda', 'cuda:1'), in ladder "
+        "order");
+  m.def("auto_choice", &mm_variants::auto_choice,
+        "The algorithm that algorithm='auto' picks for these inputs");
+  m.def("cpu_isa", &mm_variants::cpu::simd::isa,
+        "The instruction set of the CPU SIMD micro-kernel: avx512, avx2 or generic");
+  m.def("set_cpu_isa", &mm_variants::cpu::simd::set_isa,
+        "Forces the CPU SIMD micro-kernel onto a supported instruction set (for tests)");
+  m.def("has_cuda", []() {
+#ifdef MM_VARIANTS_WITH_CUDA
+    return true;
+#else
+    return false;
+#endif
+  }, "Whether this build contains the CUDA kernels");
+}

@@ -1,0 +1,18 @@
+// The device-independent body of mm_variants::matmul, shared by the CPU registration
+// (matmul.cpp) and the CUDA registration (cuda/matmul_cuda.cu).
+#pragma once
+
+#include "registry.h"
+
+#include <c10/util/string_view.h>
+
+namespace mm_variants {
+
+// Validates the inputs (with torch.mm-style messages), resolves `algorithm` (including "auto")
+// through the registry, allocates the result and runs the kernel.
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm);
+
+// The algorithm "auto" resolves to for these inputs.
+const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace mm_variants

@@ -1,0 +1,63 @@
+// The algorithm registry: the single source of truth for which kernels exist.
+//
+// Every kernel file registers itself with one MM_VARIANTS_REGISTER line. The op looks the
+// `algorithm` string up here, `torch_mm_variants.algorithms(device)` lists it, and the tests and
+// the benchmark iterate that list, so a new kernel is one file and is tested and benchmarked
+// automatically.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <string>
+#include <vector>
+
+namespace mm_variants {
+
+// Writes a @ b into out. `a` is [M, K] and `b` is [K, N] with arbitrary strides and storage
+// offsets; `out` is a fresh contiguous [M, N] tensor of the inputs' dtype. The op has already
+// validated shapes, dtypes and devices, and handled M, N or K == 0, so kernels see M, N, K >= 1.
+using MatmulKernel = void (*)(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+
+// Whether an algorithm can run on a given device (e.g. needs sm_90) or on given inputs
+// (e.g. TF32 for float32 only when the user allows it). Null means "always".
+using DevicePredicate = bool (*)(c10::Device device);
+using InputPredicate = bool (*)(const at::Tensor& a, const at::Tensor& b);
+
+struct Algorithm {
+  std::string name;
+  c10::DeviceType device_type;
+  int rung;  // position on the ladder: the listing order, and `auto` prefers higher rungs
+  std::vector<c10::ScalarType> dtypes;
+  MatmulKernel run;
+  DevicePredicate runs_on = nullptr;
+  // Inputs this algorithm refuses although their dtype is listed; `why_not` explains the refusal.
+  InputPredicate accepts = nullptr;
+  const char* why_not = "";
+  // False for kernels that exist for teaching only and should never be picked by `auto`.
+  bool auto_candidate = true;
+
+  bool supports(c10::ScalarType dtype) const;
+};
+
+void register_algorithm(Algorithm algorithm);
+
+// The algorithms that can run on `device`, in ladder order.
+std::vector<const Algorithm*> algorithms_for(c10::Device device);
+
+// Looks `name` up for `device`; throws a c10::Error listing the valid names when it is unknown.
+const Algorithm& find_algorithm(c10::Device device, const std::string& name);
+
+struct AlgorithmRegistrar {
+  explicit AlgorithmRegistrar(Algorithm algorithm) { register_algorithm(std::move(algorithm)); }
+};
+
+}  // namespace mm_variants
+
+#define MM_VARIANTS_CONCAT_INNER(x, y) x##y
+#define MM_VARIANTS_CONCAT(x, y) MM_VARIANTS_CONCAT_INNER(x, y)
+// Registers an algorithm at load time: MM_VARIANTS_REGISTER({"naive", c10::kCPU, 1, ...});
+#define MM_VARIANTS_REGISTER(...)                                                  \
+  static const ::mm_variants::AlgorithmRegistrar MM_VARIANTS_CONCAT(               \
+      mm_variants_registrar_, __LINE__)(::mm_variants::Algorithm __VA_ARGS__)

@@ -1,0 +1,50 @@
+"""nn.Linear on top of mm_variants::matmul, and a helper that swaps it into existing models."""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class Linear(nn.Linear):
+    """A drop-in for nn.Linear whose product runs through mm_variants::matmul.
+
+    Same parameters and state dict as nn.Linear (weight [out_features, in_features], optional
+    bias), so checkpoints load unchanged. The input may have any number of leading batch
+    dimensions. The weight is read in place as weight.t(): no transposed copy is made.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True,
+                 device=None, dtype=None, algorithm: str = "auto") -> None:
+        super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
+        self.algorithm = algorithm
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.reshape(-1, x.shape[-1])
+        y = torch.ops.mm_variants.matmul(rows, self.weight.t(), self.algorithm)
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{super().extra_repr()}, algorithm={self.algorithm!r}"
+
+    @classmethod
+    def from_linear(cls, linear: nn.Linear, algorithm: str = "auto") -> "Linear":
+        """A Linear sharing `linear`'s parameters (no copy)."""
+        new = cls.__new__(cls)
+        nn.Module.__init__(new)
+        new.in_features, new.out_features = linear.in_features, linear.out_features
+        new.weight, new.bias = linear.weight, linear.bias
+        new.algorithm = algorithm
+        return new
+
+
+def swap_linear(model: nn.Module, algorithm: str = "auto") -> nn.Module:
+    """Replaces, in place, every nn.Linear of `model` (at any depth) by a torch_mm_variants.Linear
+    that shares its weights, and returns the model."""
+    for name, child in model.named_children():
+        if isinstance(child, nn.Linear) and not isinstance(child, Linear):
+            setattr(model, name, Linear.from_linear(child, algorithm))
+        else:
+            swap_linear(child, algorithm)
+    return model
