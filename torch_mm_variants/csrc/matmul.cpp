@@ -10,6 +10,8 @@
 #include <torch/extension.h>
 #include <torch/library.h>
 
+#include <atomic>
+#include <limits>
 #include <sstream>
 
 namespace mm_variants {
@@ -51,6 +53,10 @@ void check_algorithm_accepts(const Algorithm& algorithm, const at::Tensor& a,
               algorithm.why_not);
 }
 
+// When set, every output is filled with NaN before its kernel runs, so that an element a kernel
+// forgets to write shows up in the tests instead of reading as whatever memory held.
+std::atomic<bool> poison_outputs{false};
+
 }  // namespace
 
 const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b) {
@@ -78,6 +84,9 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view alg
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0 || k == 0) return at::zeros({m, n}, a.options());
   at::Tensor out = at::empty({m, n}, a.options());
+  if (poison_outputs.load(std::memory_order_relaxed)) {
+    out.fill_(std::numeric_limits<double>::quiet_NaN());
+  }
   chosen.run(a, b, out);
   return out;
 }
@@ -88,6 +97,14 @@ std::vector<std::string> algorithm_names(const std::string& device) {
     names.push_back(algorithm->name);
   }
   return names;
+}
+
+std::vector<std::string> algorithm_dtypes(const std::string& device, const std::string& name) {
+  std::vector<std::string> dtypes;
+  for (c10::ScalarType dtype : find_algorithm(c10::Device(device), name).dtypes) {
+    dtypes.push_back(c10::toString(dtype));
+  }
+  return dtypes;
 }
 
 std::string auto_choice(const at::Tensor& a, const at::Tensor& b) {
@@ -107,6 +124,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("algorithms", &mm_variants::algorithm_names,
         "Names of the algorithms that can run on a device ('cpu', 'cuda', 'cuda:1'), in ladder "
         "order");
+  m.def("algorithm_dtypes", &mm_variants::algorithm_dtypes,
+        "The dtypes (as c10 names: Float, Half, BFloat16, Double) an algorithm accepts on a device");
+  m.def("set_poison_outputs", [](bool on) { mm_variants::poison_outputs.store(on); },
+        "Fill every output with NaN before its kernel runs (for tests)");
   m.def("auto_choice", &mm_variants::auto_choice,
         "The algorithm that algorithm='auto' picks for these inputs");
   m.def("cpu_isa", &mm_variants::cpu::simd::isa,

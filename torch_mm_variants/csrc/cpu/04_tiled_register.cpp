@@ -13,9 +13,11 @@
 namespace mm_variants::cpu {
 namespace {
 
-constexpr int kRows = 4, kCols = 16;
+constexpr int kRows = 4, kCols = 8;
 
-template <typename T, bool kFull>
+// kFull: a whole kRows x kCols block (compile-time bounds); kUnitStride: B's rows are contiguous,
+// so the compiler sees plain vector loads instead of a strided gather.
+template <typename T, bool kFull, bool kUnitStride>
 void register_block(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out,
                     int64_t i0, int64_t j0, int rows, int cols) {
   using A = acc_t<T>;
@@ -23,9 +25,14 @@ void register_block(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> 
   A acc[kRows][kCols] = {};
   for (int64_t p = 0; p < a.cols; ++p) {
     A b_row[kCols];
-    for (int c = 0; c < kCols; ++c) b_row[c] = c < cols ? static_cast<A>(b(p, j0 + c)) : A(0);
+    const T* b_p = &b(p, j0);
+    const int64_t step = kUnitStride ? 1 : b.col_stride;
+#pragma GCC unroll 16
+    for (int c = 0; c < kCols; ++c) b_row[c] = c < cols ? static_cast<A>(b_p[c * step]) : A(0);
+#pragma GCC unroll 4
     for (int r = 0; r < kRows; ++r) {
       const A a_rp = r < rows ? static_cast<A>(a(i0 + r, p)) : A(0);
+#pragma GCC unroll 16
       for (int c = 0; c < kCols; ++c) acc[r][c] += a_rp * b_row[c];
     }
   }
@@ -40,10 +47,13 @@ struct TiledRegister {
       for (int64_t j0 = 0; j0 < b.cols; j0 += kCols) {
         const int rows = static_cast<int>(std::min<int64_t>(kRows, a.rows - i0));
         const int cols = static_cast<int>(std::min<int64_t>(kCols, b.cols - j0));
-        if (rows == kRows && cols == kCols) {
-          register_block<T, true>(a, b, out, i0, j0, rows, cols);
+        const bool full = rows == kRows && cols == kCols;
+        if (full && b.col_stride == 1) {
+          register_block<T, true, true>(a, b, out, i0, j0, rows, cols);
+        } else if (full) {
+          register_block<T, true, false>(a, b, out, i0, j0, rows, cols);
         } else {
-          register_block<T, false>(a, b, out, i0, j0, rows, cols);
+          register_block<T, false, false>(a, b, out, i0, j0, rows, cols);
         }
       }
     }

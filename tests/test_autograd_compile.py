@@ -1,0 +1,133 @@
+"""The op in models and compilers: autograd, opcheck, torch.compile, Linear and swap_linear."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import torch_mm_variants as mmv
+from conftest import devices, gpu_available, relative_error
+
+
+@pytest.mark.parametrize("algorithm", ["naive", "tiled_register", "parallel", "auto"])
+@pytest.mark.parametrize("layout", ["row", "transposed"])
+def test_gradcheck_float64(algorithm, layout):
+    a = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    if layout == "transposed":
+        b = torch.randn(3, 5, dtype=torch.float64).t().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, y: mmv.matmul(x, y, algorithm), (a, b))
+    assert torch.autograd.gradgradcheck(lambda x, y: mmv.matmul(x, y, algorithm), (a, b))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_gradients_match_torch(device):
+    dtype = torch.float32
+    a = torch.randn(33, 17, device=device, dtype=dtype, requires_grad=True)
+    w = torch.randn(9, 17, device=device, dtype=dtype, requires_grad=True)
+    (mmv.matmul(a, w.t()) ** 2).sum().backward()
+    ga, gw = a.grad.clone(), w.grad.clone()
+    a.grad = w.grad = None
+    ((a @ w.t()) ** 2).sum().backward()
+    assert relative_error(ga, a.grad.double()) < 1e-5
+    assert relative_error(gw, w.grad.double()) < 1e-5
+
+
+def test_only_needed_gradients():
+    a = torch.randn(4, 3, requires_grad=True)
+    b = torch.randn(3, 2)
+    mmv.matmul(a, b).sum().backward()
+    assert a.grad is not None and b.grad is None
+
+
+@pytest.mark.parametrize("device", devices())
+def test_opcheck(device):
+    dtype = torch.float32
+    for m, n, k in [(5, 4, 3), (1, 7, 2), (16, 8, 33)]:
+        a = torch.randn(m, k, device=device, dtype=dtype, requires_grad=True)
+        b = torch.randn(k, n, device=device, dtype=dtype, requires_grad=True)
+        torch.library.opcheck(torch.ops.mm_variants.matmul.default, (a, b, "auto"))
+        torch.library.opcheck(torch.ops.mm_variants.matmul.default, (a, b.t().contiguous().t()))
+
+
+def test_fake_kernel_checks_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        out = mmv.matmul(torch.empty(6, 4), torch.empty(4, 9))
+        assert out.shape == (6, 9)
+        with pytest.raises(RuntimeError, match=r"shapes cannot be multiplied \(6x4 and 5x9\)"):
+            mmv.matmul(torch.empty(6, 4), torch.empty(5, 9))
+
+
+class TwoLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.up = nn.Linear(16, 32)
+        self.down = nn.Linear(32, 8, bias=False)
+
+    def forward(self, x):
+        return self.down(torch.relu(self.up(x)))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+
+    def f(a, b):
+        return torch.relu(mmv.matmul(a, b)) * 2
+
+    compiled = torch.compile(f, fullgraph=True, dynamic=dynamic, backend="inductor")
+    for m, n, k in [(8, 16, 32), (13, 5, 7), (40, 3, 9)]:
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        assert relative_error(compiled(a, b), f(a, b).double()) < 1e-6
+
+
+@pytest.mark.parametrize("device", devices())
+def test_compile_module_and_backward(device):
+    torch._dynamo.reset()
+    model = mmv.swap_linear(TwoLayer()).to(device)
+    compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    for batch in [3, 11]:
+        x = torch.randn(2, batch, 16, device=device, requires_grad=True)
+        y = compiled(x)
+        assert relative_error(y, model(x).double()) < 1e-6
+        y.sum().backward()
+        assert x.grad is not None and model.up.weight.grad is not None
+
+
+def test_linear_matches_nn_linear():
+    torch.manual_seed(0)
+    reference = nn.Linear(16, 8)
+    ours = mmv.Linear(16, 8, algorithm="tiled")
+    ours.load_state_dict(reference.state_dict())
+    x = torch.randn(2, 3, 16)
+    assert relative_error(ours(x), reference(x).double()) < 1e-6
+    assert ours(x).shape == (2, 3, 8)
+    assert "algorithm='tiled'" in repr(ours)
+    no_bias = mmv.Linear(16, 8, bias=False)
+    assert no_bias.bias is None and no_bias(x).shape == (2, 3, 8)
+
+
+def test_swap_linear_keeps_weights_and_output():
+    torch.manual_seed(0)
+    model = nn.Sequential(TwoLayer(), nn.Sequential(nn.Linear(8, 4)))
+    x = torch.randn(5, 16)
+    expected = model(x)
+    keys = set(model.state_dict())
+    weight = model[0].up.weight
+    mmv.swap_linear(model, algorithm="parallel")
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    assert len(linears) == 3 and all(isinstance(m, mmv.Linear) for m in linears)
+    assert model[0].up.weight is weight and set(model.state_dict()) == keys
+    assert relative_error(model(x), expected.double()) < 1e-6
+    model(x).sum().backward()
+    assert weight.grad is not None
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+def test_linear_on_gpu_16_bit():
+    layer = mmv.Linear(64, 48, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(4, 10, 64, device="cuda", dtype=torch.bfloat16)
+    ref = x.double() @ layer.weight.double().t() + layer.bias.double()
+    assert relative_error(layer(x), ref) < 1e-2

@@ -1,0 +1,92 @@
+"""Correctness of every registered algorithm against a float64 reference: every dtype it
+accepts, the four transpose layouts, slices with offsets, and sizes just off tile boundaries."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_mm_variants as mmv
+from conftest import (algorithm_dtype_params, algorithm_params, assert_matches_reference, devices,
+                      random_matrix, run_checked)
+
+EDGE_SIZES = [1, 7, 31, 33, 63, 65, 127, 129]
+GPU_EDGE_SIZES = EDGE_SIZES + [64, 255, 257, 1000, 1025]
+BASE = 67  # the other two dimensions while one is swept
+LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+
+
+def sweep(device: str) -> list[tuple[int, int, int]]:
+    """Sizes varying one of M, N, K at a time around BASE."""
+    sizes = GPU_EDGE_SIZES if device == "cuda" else EDGE_SIZES
+    return ([(s, BASE, BASE) for s in sizes] + [(BASE, s, BASE) for s in sizes]
+            + [(BASE, BASE, s) for s in sizes])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}-{l[1]}")
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_sizes_and_layouts(device, algorithm, dtype, layout):
+    torch.manual_seed(0)
+    for m, n, k in sweep(device):
+        a = random_matrix(m, k, dtype, device, layout[0])
+        b = random_matrix(k, n, dtype, device, layout[1])
+        assert_matches_reference(a, b, algorithm)
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_sliced_inputs_with_offset(device, algorithm, dtype):
+    for m, n, k in [(33, 65, 129), (128, 128, 128), (5, 300, 17)]:
+        a = random_matrix(m, k, dtype, device, "sliced")
+        b = random_matrix(k, n, dtype, device, "sliced")
+        assert_matches_reference(a, b, algorithm)
+        assert_matches_reference(a, b[:, ::2], algorithm)  # no unit stride at all
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_larger_square(device, algorithm, dtype):
+    n = 517 if device == "cuda" else 259
+    assert_matches_reference(random_matrix(n, n, dtype, device), random_matrix(n, n, dtype, device),
+                             algorithm)
+
+
+@pytest.mark.parametrize("device,algorithm", algorithm_params())
+def test_empty_dimensions(device, algorithm):
+    for m, n, k in [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0)]:
+        a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
+        out, _ = run_checked(a, b, algorithm)
+        assert out.shape == (m, n)
+        assert torch.equal(out, torch.zeros(m, n, device=device))
+
+
+@pytest.mark.parametrize("device,algorithm", algorithm_params())
+def test_inputs_are_not_written(device, algorithm):
+    a, b = torch.randn(40, 30, device=device), torch.randn(30, 20, device=device)
+    a_copy, b_copy = a.clone(), b.clone()
+    run_checked(a, b, algorithm)
+    assert torch.equal(a, a_copy) and torch.equal(b, b_copy)
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_auto(device, dtype):
+    a, b = random_matrix(100, 80, dtype, device), random_matrix(80, 60, dtype, device, "col")
+    assert mmv.auto_choice(a, b) in mmv.algorithms(device)
+    assert_matches_reference(a, b, "auto")
+    assert torch.equal(mmv.matmul(a, b), torch.ops.mm_variants.matmul(a, b, "auto"))
+
+
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
+@pytest.mark.parametrize("algorithm", ["simd_packed", "parallel"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_simd_fallbacks(isa, algorithm, dtype):
+    best = mmv._C.cpu_isa()
+    order = ["generic", "avx2", "avx512"]
+    if order.index(isa) > order.index(best):
+        pytest.skip(f"this CPU does not support {isa}")
+    try:
+        mmv._C.set_cpu_isa(isa)
+        assert mmv._C.cpu_isa() == isa
+        for m, n, k in [(1, 1, 1), (15, 33, 257), (170, 260, 300)]:
+            assert_matches_reference(random_matrix(m, k, dtype, "cpu", "col"),
+                                     random_matrix(k, n, dtype, "cpu"), algorithm)
+    finally:
+        mmv._C.set_cpu_isa(best)

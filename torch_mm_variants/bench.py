@@ -1,0 +1,240 @@
+"""The benchmark: every registered algorithm beside torch.mm, checked and timed.
+
+    python -m torch_mm_variants.bench                       # GPU 4096^3 float32, else CPU 1024^3
+    python -m torch_mm_variants.bench --device cpu --sizes 1024,2048 --output cpu.json
+    python -m torch_mm_variants.bench --dtype bfloat16 --sizes 4096x14336x4096 --algorithms auto
+
+For each size, each algorithm's result is first compared with a float64 reference, then timed
+(median after warm-up: device events through triton.testing.do_bench on the GPU, perf_counter on
+the CPU). torch.mm is timed right beside every algorithm, in the same process, and each
+algorithm's "% of torch.mm" is against that neighbouring measurement, so clock drift and heating
+affect both alike. Inputs are random, and several input sets are cycled when one set would fit in
+the GPU's L2 cache.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+import torch_mm_variants as mmv
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+# Worst-case relative error ||out - ref|| / ||ref|| accepted per dtype (TF32 for float32 on
+# tensor cores when --tf32 is given).
+TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TF32_TOLERANCE = 5e-3
+BASELINE = "torch.mm"
+
+
+@dataclass
+class Row:
+    device: str
+    dtype: str
+    m: int
+    n: int
+    k: int
+    algorithm: str
+    ms: float
+    gflops: float
+    pct_of_torch_mm: float
+    rel_error: float
+    ok: bool
+
+
+def parse_size(text: str) -> tuple[int, int, int]:
+    """'4096' -> (4096, 4096, 4096); 'MxNxK' -> (M, N, K)."""
+    parts = [int(p) for p in text.lower().split("x")]
+    if len(parts) == 1:
+        return parts[0], parts[0], parts[0]
+    if len(parts) == 3:
+        return parts[0], parts[1], parts[2]
+    raise argparse.ArgumentTypeError(f"size {text!r} is neither N nor MxNxK")
+
+
+def make_inputs(m, n, k, dtype, device, sets):
+    return [(torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype))
+            for _ in range(sets)]
+
+
+def input_sets_needed(m, n, k, dtype, device) -> int:
+    """Enough input sets that cycling them cannot be served from the GPU's L2 cache."""
+    if device.type != "cuda":
+        return 1
+    l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
+    set_bytes = (m * k + k * n + m * n) * torch.finfo(dtype).bits // 8
+    return min(8, max(1, math.ceil(3 * l2_bytes / max(set_bytes, 1))))
+
+
+def cycling(fn, inputs):
+    """A no-argument callable that runs fn on the next input set each call."""
+    state = {"i": 0}
+
+    def step():
+        a, b = inputs[state["i"] % len(inputs)]
+        state["i"] += 1
+        return fn(a, b)
+    return step
+
+
+def time_ms(step, device, repeat: int) -> float:
+    """Median milliseconds of one call of `step`, after warm-up."""
+    if device.type == "cuda":
+        try:
+            from triton.testing import do_bench
+            return float(do_bench(step, warmup=25, rep=max(repeat * 10, 50), return_mode="median"))
+        except ImportError:
+            return _time_cuda_events(step, repeat)
+    step()  # warm-up
+    times, budget_end = [], time.perf_counter() + 3.0
+    for i in range(max(repeat, 3)):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+        if i >= 2 and time.perf_counter() > budget_end:
+            break
+    return 1e3 * statistics.median(times)
+
+
+def _time_cuda_events(step, repeat: int) -> float:
+    for _ in range(3):
+        step()
+    times = []
+    for _ in range(max(repeat, 10)):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    diff = (out.double() - ref).norm().item()
+    scale = ref.norm().item()
+    return diff / scale if scale > 0 else diff
+
+
+def progress(message: str) -> None:
+    print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
+
+
+def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32) -> list[Row]:
+    inputs = make_inputs(m, n, k, dtype, device, input_sets_needed(m, n, k, dtype, device))
+    a0, b0 = inputs[0]
+    reference = a0.double() @ b0.double()
+    tolerance = TF32_TOLERANCE if (tf32 and dtype == torch.float32) else TOLERANCE[dtype]
+    flop = 2.0 * m * n * k
+    baseline_times, rows = [], []
+
+    def row(name, ms, baseline_ms, err):
+        return Row(str(device), str(dtype).removeprefix("torch."), m, n, k, name, ms,
+                   flop / ms / 1e6 if ms > 0 else 0.0, 100.0 * baseline_ms / ms if ms > 0 else 0.0,
+                   err, err <= tolerance)
+
+    for index, name in enumerate(algorithms):
+        progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")
+        label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
+        err = relative_error(mmv.matmul(a0, b0, name), reference)
+        if not err <= tolerance:  # a wrong kernel is reported, never timed
+            rows.append(row(label, float("nan"), float("nan"), err))
+            continue
+        baseline_before = time_ms(cycling(torch.mm, inputs), device, repeat)
+        ms = time_ms(cycling(lambda a, b: mmv.matmul(a, b, name), inputs), device, repeat)
+        baseline_after = time_ms(cycling(torch.mm, inputs), device, repeat)
+        baseline_times += [baseline_before, baseline_after]
+        rows.append(row(label, ms, (baseline_before + baseline_after) / 2, err))
+    baseline_ms = statistics.median(baseline_times) if baseline_times else \
+        time_ms(cycling(torch.mm, inputs), device, repeat)
+    rows.append(row(BASELINE, baseline_ms, baseline_ms, relative_error(torch.mm(a0, b0), reference)))
+    progress("")
+    return rows
+
+
+def format_table(rows: list[Row]) -> str:
+    lines = ["| algorithm | ms | GFLOP/s | % of torch.mm | rel. error |",
+             "| --- | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        status = "" if r.ok else " FAILED"
+        lines.append(f"| {r.algorithm} | {r.ms:.3f} | {r.gflops:.1f} | {r.pct_of_torch_mm:.1f}% "
+                     f"| {r.rel_error:.1e}{status} |")
+    return "\n".join(lines)
+
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"CPU ({torch.get_num_threads()} threads, SIMD {mmv._C.cpu_isa()})"
+
+
+def write_rows(rows: list[Row], path: str) -> None:
+    records = [asdict(r) for r in rows]
+    if path.endswith(".csv"):
+        with open(path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(records[0]))
+            writer.writeheader()
+            writer.writerows(records)
+    else:
+        with open(path, "w") as f:
+            json.dump(records, f, indent=1)
+
+
+def parse_args(argv=None):
+    gpu = torch.cuda.is_available() and mmv.has_cuda()
+    p = argparse.ArgumentParser(prog="python -m torch_mm_variants.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if gpu else "cpu", help="cpu, cuda or cuda:N")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPES))
+    p.add_argument("--sizes", default=None,
+                   help="comma-separated N or MxNxK (default 4096 on the GPU, 1024 on the CPU)")
+    p.add_argument("--algorithms", default=None,
+                   help="comma-separated names (default: auto and every algorithm of the device)")
+    p.add_argument("--repeat", type=int, default=10, help="timed repetitions (CPU) / scale (GPU)")
+    p.add_argument("--tf32", action="store_true",
+                   help="allow TF32 for float32 (torch.mm and the tensor-core rungs alike)")
+    p.add_argument("--output", default=None, help="write the rows to this .json or .csv file")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("torch_mm_variants.bench: --device cuda but no CUDA GPU is visible")
+        device = torch.device("cuda", device.index if device.index is not None else 0)
+        torch.cuda.set_device(device)
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    dtype = DTYPES[args.dtype]
+    sizes = [parse_size(s) for s in (args.sizes or ("4096" if device.type == "cuda" else "1024")).split(",")]
+    available = mmv.algorithms(device)
+    if not available:
+        sys.exit(f"torch_mm_variants.bench: this build has no kernels for {device}")
+    names = args.algorithms.split(",") if args.algorithms else ["auto"] + available
+    torch.manual_seed(0)
+
+    all_rows = []
+    print(f"# torch_mm_variants benchmark on {device_name(device)}, torch {torch.__version__}, "
+          f"{args.dtype}{' (TF32 allowed)' if args.tf32 else ''}")
+    for m, n, k in sizes:
+        rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32)
+        print(f"\n## {m}x{n}x{k} (M x N x K)\n")
+        print(format_table(rows), flush=True)
+        all_rows += rows
+    if args.output:
+        write_rows(all_rows, args.output)
+        print(f"\nwrote {len(all_rows)} rows to {args.output}")
+    return 0 if all(r.ok for r in all_rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
