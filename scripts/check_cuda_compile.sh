@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Compiles every CUDA source for the default architectures without linking, against the installed
+# torch's headers. Lets a machine with nvcc but a CPU-only torch (CI) catch CUDA compile errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+NVCC=${NVCC:-nvcc}
+command -v "$NVCC" >/dev/null || { echo "check_cuda_compile: nvcc not found" >&2; exit 1; }
+TORCH_DIR=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
+PY_INCLUDE=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+OUT_DIR=$(mktemp -d)
+trap 'rm -rf "$OUT_DIR"' EXIT
+# A CPU-only torch lacks this one generated header of c10/cuda; it only sets the export macro.
+SHIM="$OUT_DIR/include"
+if [ ! -f "$TORCH_DIR/include/c10/cuda/impl/cuda_cmake_macros.h" ]; then
+  mkdir -p "$SHIM/c10/cuda/impl"
+  printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$SHIM/c10/cuda/impl/cuda_cmake_macros.h"
+fi
+
+compile() {
+  "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -DMM_VARIANTS_WITH_CUDA \
+    -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+    -I"$SHIM" -I"$TORCH_DIR/include" -I"$TORCH_DIR/include/torch/csrc/api/include" -I"$PY_INCLUDE" \
+    -c "$1" -o "$OUT_DIR/$(basename "$1").o" && echo "compiled $1"
+}
+export -f compile
+export NVCC TORCH_DIR PY_INCLUDE OUT_DIR SHIM
+find torch_mm_variants/csrc -name '*.cu' | sort | xargs -P "$(nproc)" -I{} bash -c 'compile {}'

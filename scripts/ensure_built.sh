@@ -1,0 +1,22 @@
+# Sourced by scripts/bench and scripts/test: makes sure torch, the test tools and the compiled
+# extension are there. Installs only what is missing, so on a machine that already has torch
+# (and no network) it uses what it finds. The build is incremental.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+
+if ! "$PYTHON" -c "import torch" 2>/dev/null; then
+  echo "torch_mm_variants: installing PyTorch ${TORCH_VERSION:-2.13.0}" >&2
+  "$PYTHON" -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
+fi
+for module in "$@"; do
+  "$PYTHON" -c "import $module" 2>/dev/null || "$PYTHON" -m pip install -q "$module"
+done
+command -v ninja >/dev/null || "$PYTHON" -m pip install -q ninja || true
+
+echo "torch_mm_variants: building the extension" >&2
+MAX_JOBS=${MAX_JOBS:-$(nproc)} "$PYTHON" setup.py -q build_ext --inplace >build.log 2>&1 || {
+  tail -50 build.log >&2
+  echo "torch_mm_variants: build failed (full log in build.log)" >&2
+  exit 1
+}
