@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# The whole proof on a GPU machine, in one command: build with CUDA, run the test suite, the
+# compute-sanitizer checks and the benchmark tables (fp32 with TF32 off, fp32 with TF32 on,
+# fp16, bf16). Logs and JSON rows go to ${OUT:-gpu_report}/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-gpu_report}
+SIZES=${SIZES:-4096,8192}
+mkdir -p "$OUT"
+status=0
+step() { echo "== $*" >&2; }
+
+step build
+source scripts/ensure_built.sh pytest || exit 1
+cp build.log "$OUT/build.log"
+python3 -c "import torch, torch_mm_variants as m; print(torch.cuda.get_device_name(), 'cuda algorithms:', m.algorithms('cuda'))"
+
+step tests
+python3 -m pytest -q -p no:cacheprovider tests >"$OUT/tests.log" 2>&1 || status=1
+tail -5 "$OUT/tests.log"
+
+if [ -x scripts/sanitize.sh ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
+  step sanitizer
+  bash scripts/sanitize.sh >"$OUT/sanitizer.log" 2>&1 || status=1
+  tail -5 "$OUT/sanitizer.log"
+fi
+
+step benchmark
+bench() {  # bench NAME ARGS...
+  local name=$1; shift
+  python3 -m torch_mm_variants.bench --sizes "$SIZES" --output "$OUT/bench_$name.json" "$@" \
+    2>/dev/null | tee "$OUT/bench_$name.md" || status=1
+}
+bench fp32 --dtype float32
+bench tf32 --dtype float32 --tf32 --algorithms auto,warp_tiling,tensor_core
+bench bf16 --dtype bfloat16 --algorithms auto,block_tiled_vectorized,warp_tiling,tensor_core
+bench fp16 --dtype float16 --algorithms auto,warp_tiling,tensor_core
+exit $status
