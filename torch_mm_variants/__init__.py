@@ -11,9 +11,11 @@ import torch
 from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
 from . import ops  # noqa: F401  (registers the fake kernel and the autograd formula)
 from .nn import Linear, swap_linear
+from .tuning import PACKAGE_VERSION as __version__
+from .tuning import explain_auto, set_autotune
 
-__all__ = ["matmul", "algorithms", "auto_choice", "has_cuda", "Linear", "swap_linear"]
-__version__ = "0.1.0"
+__all__ = ["matmul", "algorithms", "auto_choice", "explain_auto", "set_autotune", "has_cuda",
+           "Linear", "swap_linear"]
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
@@ -37,8 +39,8 @@ def algorithms(device: str | torch.device = "cpu") -> list[str]:
 
 
 def auto_choice(a: torch.Tensor, b: torch.Tensor) -> str:
-    """The algorithm that algorithm="auto" runs for these inputs."""
-    return _C.auto_choice(a, b)
+    """The algorithm that algorithm="auto" runs for these inputs (see explain_auto for why)."""
+    return explain_auto(a, b)["algorithm"]
 
 
 def has_cuda() -> bool:

@@ -4,6 +4,8 @@
 // dtype on one device with matching inner dimensions and M, N, K >= 1.
 #include "matmul.h"
 
+#include "auto.h"
+
 #include "cpu/simd.h"
 
 #include <ATen/ATen.h>
@@ -59,22 +61,6 @@ std::atomic<bool> poison_outputs{false};
 
 }  // namespace
 
-const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b) {
-  // The heuristic: the highest rung that can take these inputs. Rungs are ordered so that each
-  // is faster than the one before on the shapes it accepts.
-  const Algorithm* best = nullptr;
-  for (const Algorithm* algorithm : algorithms_for(a.device())) {
-    if (!algorithm->auto_candidate || !algorithm->supports(a.scalar_type())) continue;
-    if (algorithm->accepts != nullptr && !algorithm->accepts(a, b)) continue;
-    best = algorithm;
-  }
-  TORCH_CHECK(best != nullptr, "mm_variants::matmul: no algorithm on ", a.device(),
-              " supports dtype ", a.scalar_type(),
-              algorithms_for(a.device()).empty() ? " (this build has no kernels for that device)"
-                                                 : "");
-  return *best;
-}
-
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
   check_inputs(a, b);
   const std::string name(algorithm);
@@ -107,9 +93,11 @@ std::vector<std::string> algorithm_dtypes(const std::string& device, const std::
   return dtypes;
 }
 
-std::string auto_choice(const at::Tensor& a, const at::Tensor& b) {
+std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor& a,
+                                                               const at::Tensor& b) {
   check_inputs(a, b);
-  return choose_auto(a, b).name;
+  const AutoDecision decision = decide_auto(a, b);
+  return {decision.algorithm->name, decision.reason, decision.bucket};
 }
 
 }  // namespace mm_variants
@@ -128,8 +116,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The dtypes (as c10 names: Float, Half, BFloat16, Double) an algorithm accepts on a device");
   m.def("set_poison_outputs", [](bool on) { mm_variants::poison_outputs.store(on); },
         "Fill every output with NaN before its kernel runs (for tests)");
-  m.def("auto_choice", &mm_variants::auto_choice,
-        "The algorithm that algorithm='auto' picks for these inputs");
+  m.def("explain_auto", &mm_variants::explain_auto,
+        "(algorithm, reason, bucket) of what algorithm='auto' runs for these inputs");
+  m.def("set_autotune", &mm_variants::set_autotune, "Switch the measured mode of 'auto' on or off");
+  m.def("autotune_enabled", &mm_variants::autotune_enabled);
+  m.def("set_tuning_file", &mm_variants::set_tuning_file);
+  m.def("add_tuned_entries", &mm_variants::add_tuned_entries);
+  m.def("tuned_entries", &mm_variants::tuned_entries);
+  m.def("clear_tuned_entries", &mm_variants::clear_tuned_entries);
   m.def("cpu_isa", &mm_variants::cpu::simd::isa,
         "The instruction set of the CPU SIMD micro-kernel: avx512, avx2 or generic");
   m.def("set_cpu_isa", &mm_variants::cpu::simd::set_isa,

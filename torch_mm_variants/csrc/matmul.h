@@ -12,7 +12,4 @@ namespace mm_variants {
 // through the registry, allocates the result and runs the kernel.
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm);
 
-// The algorithm "auto" resolves to for these inputs.
-const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b);
-
 }  // namespace mm_variants

@@ -1,0 +1,109 @@
+"""algorithm="auto": the heuristic, the measured mode, its cache file, and its explanation."""
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+import torch
+
+import torch_mm_variants as mmv
+from torch_mm_variants import tuning
+from conftest import assert_matches_reference, gpu_available
+
+
+@pytest.fixture
+def measured_mode(tmp_path, monkeypatch):
+    monkeypatch.setenv("MM_VARIANTS_CACHE_DIR", str(tmp_path))
+    tuning.clear()
+    mmv.set_autotune(True)
+    yield tuning.cache_file()
+    mmv.set_autotune(False)
+    tuning.clear()
+    tuning.load_cache(tmp_path / "absent.json")
+
+
+def test_heuristic_by_default():
+    a, b = torch.randn(50, 40), torch.randn(40, 30)
+    decision = mmv.explain_auto(a, b)
+    assert decision["reason"] == "heuristic"
+    assert decision["algorithm"] == mmv.algorithms("cpu")[-1]
+    assert decision["bucket"] == "cpu|Float|rr|64x32x64"
+
+
+def test_bucket_names_layout_and_dtype():
+    a = torch.randn(40, 50, dtype=torch.bfloat16).t()
+    assert mmv.explain_auto(a, torch.randn(40, 3, dtype=torch.bfloat16))["bucket"] == "cpu|BFloat16|cr|64x4x64"
+
+
+def test_measured_mode_measures_once_and_saves(measured_mode):
+    a, b = torch.randn(70, 90), torch.randn(90, 33)
+    first = mmv.explain_auto(a, b)
+    assert first["reason"] == "measured" and first["algorithm"] in mmv.algorithms("cpu")
+    again = mmv.explain_auto(torch.randn(65, 100), torch.randn(100, 40))  # same bucket
+    assert again == {**first, "reason": "cached"}
+    assert json.loads(measured_mode.read_text()) == {first["bucket"]: first["algorithm"]}
+    assert_matches_reference(a, b, "auto")
+
+
+def test_saved_choices_are_reused_by_a_new_process(measured_mode):
+    a, b = torch.randn(20, 20), torch.randn(20, 20)
+    chosen = mmv.explain_auto(a, b)
+    mmv.set_autotune(False)
+    tuning.clear()
+    assert mmv.explain_auto(a, b)["reason"] == "heuristic"
+    assert tuning.load_cache(measured_mode) == 1  # what a new process does at import
+    assert mmv.explain_auto(a, b) == {**chosen, "reason": "cached"}
+
+
+def test_unknown_names_in_the_file_are_ignored(tmp_path):
+    a, b = torch.randn(8, 8), torch.randn(8, 8)
+    bucket = mmv.explain_auto(a, b)["bucket"]
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps({bucket: "no_such_kernel"}))
+    try:
+        tuning.load_cache(path)
+        assert mmv.explain_auto(a, b)["reason"] == "heuristic"
+    finally:
+        tuning.clear()
+
+
+def test_measured_mode_is_thread_safe(measured_mode):
+    a, b = torch.randn(100, 100), torch.randn(100, 100)
+    results, errors = [], []
+
+    def worker():
+        try:
+            results.append(mmv.matmul(a, b))
+        except Exception as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 8
+    assert all(torch.allclose(r, a @ b, rtol=1e-4, atol=1e-4) for r in results)
+    assert len(tuning.tuned_entries()) == 1
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+def test_measured_mode_on_gpu_and_not_during_graph_capture(measured_mode):
+    a = torch.randn(256, 512, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16)
+    assert mmv.explain_auto(a, b)["reason"] == "measured"
+    c = torch.randn(96, 80, device="cuda", dtype=torch.bfloat16)  # a bucket not yet measured
+    d = torch.randn(80, 72, device="cuda", dtype=torch.bfloat16)
+    mmv.matmul(c, d)  # warm-up outside the capture (this measures), then forget the choice
+    tuning.clear()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        out = mmv.matmul(c, d)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert tuning.tuned_entries() == {}  # nothing measured inside the capture
+    assert torch.allclose(out.float(), (c.double() @ d.double()).float(), rtol=2e-2, atol=2e-1)

@@ -1,0 +1,181 @@
+#include "auto.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+
+#include <chrono>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <mutex>
+#include <sstream>
+
+namespace mm_variants {
+namespace {
+
+struct TuningState {
+  std::mutex mutex;
+  std::map<std::string, std::string> entries;  // bucket -> algorithm name
+  std::string file;
+  std::map<c10::DeviceType, DeviceTuner> tuners;
+};
+
+TuningState& state() {
+  static TuningState s;
+  return s;
+}
+
+std::atomic<bool>& autotune_flag() {
+  static std::atomic<bool> flag{[] {
+    const char* env = std::getenv("MM_VARIANTS_AUTOTUNE");
+    return env != nullptr && std::string(env) == "1";
+  }()};
+  return flag;
+}
+
+// Shapes within a factor of two share a choice: each dimension is rounded up to a power of two.
+int64_t bucket_of(int64_t x) {
+  int64_t b = 1;
+  while (b < x) b <<= 1;
+  return b;
+}
+
+// 'c' for a column-major operand (a transposed view), else 'r'.
+char layout_of(const at::Tensor& t) { return t.stride(0) == 1 && t.stride(1) != 1 ? 'c' : 'r'; }
+
+std::string bucket_key(const at::Tensor& a, const at::Tensor& b, const std::string& device_name) {
+  std::ostringstream key;
+  key << device_name << "|" << c10::toString(a.scalar_type()) << "|" << layout_of(a)
+      << layout_of(b) << "|" << bucket_of(a.size(0)) << "x" << bucket_of(b.size(1)) << "x"
+      << bucket_of(a.size(1));
+  return key.str();
+}
+
+std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b) {
+  std::vector<const Algorithm*> result;
+  for (const Algorithm* algorithm : algorithms_for(a.device())) {
+    if (!algorithm->auto_candidate || !algorithm->supports(a.scalar_type())) continue;
+    if (algorithm->accepts != nullptr && !algorithm->accepts(a, b)) continue;
+    result.push_back(algorithm);
+  }
+  return result;
+}
+
+const Algorithm* by_name(const std::vector<const Algorithm*>& candidates, const std::string& name) {
+  for (const Algorithm* algorithm : candidates) {
+    if (algorithm->name == name) return algorithm;
+  }
+  return nullptr;
+}
+
+std::string json_string(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    out += c;
+  }
+  return out + "\"";
+}
+
+// Rewrites the tuning file (write to a temporary, then rename, so readers never see half).
+void save_locked(const TuningState& s) {
+  if (s.file.empty()) return;
+  const std::string tmp = s.file + ".tmp";
+  {
+    std::ofstream out(tmp);
+    if (!out) return;  // an unwritable cache directory only costs re-measuring next time
+    out << "{\n";
+    size_t i = 0;
+    for (const auto& [bucket, name] : s.entries) {
+      out << "  " << json_string(bucket) << ": " << json_string(name)
+          << (++i < s.entries.size() ? ",\n" : "\n");
+    }
+    out << "}\n";
+  }
+  std::rename(tmp.c_str(), s.file.c_str());
+}
+
+// The CPU's tuner: wall-clock time of one run after a warm-up run.
+std::vector<double> time_on_cpu(const std::vector<const Algorithm*>& candidates,
+                                const at::Tensor& a, const at::Tensor& b) {
+  std::vector<double> ms;
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  for (const Algorithm* algorithm : candidates) {
+    algorithm->run(a, b, out);
+    const auto start = std::chrono::steady_clock::now();
+    algorithm->run(a, b, out);
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  return ms;
+}
+
+std::string cpu_name(c10::Device) { return "cpu"; }
+
+}  // namespace
+
+AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b) {
+  const auto candidates = eligible(a, b);
+  TORCH_CHECK(!candidates.empty(), "mm_variants::matmul: no algorithm on ", a.device(),
+              " supports dtype ", a.scalar_type(),
+              algorithms_for(a.device()).empty() ? " (this build has no kernels for that device)"
+                                                 : "");
+  AutoDecision heuristic{candidates.back(), "heuristic", ""};
+  TuningState& s = state();
+  const std::lock_guard<std::mutex> lock(s.mutex);
+  const auto tuner = s.tuners.find(a.device().type());
+  if (tuner == s.tuners.end()) return heuristic;
+  heuristic.bucket = bucket_key(a, b, tuner->second.device_name(a.device()));
+
+  const auto cached = s.entries.find(heuristic.bucket);
+  if (cached != s.entries.end()) {
+    if (const Algorithm* algorithm = by_name(candidates, cached->second)) {
+      return {algorithm, "cached", heuristic.bucket};
+    }
+  }
+  if (!autotune_flag().load() || candidates.size() == 1) return heuristic;
+  const std::vector<double> ms = tuner->second.time(candidates, a, b);
+  if (ms.size() != candidates.size()) return heuristic;  // measuring not allowed right now
+  size_t best = 0;
+  for (size_t i = 1; i < ms.size(); ++i) {
+    if (ms[i] < ms[best]) best = i;
+  }
+  s.entries[heuristic.bucket] = candidates[best]->name;
+  save_locked(s);
+  return {candidates[best], "measured", heuristic.bucket};
+}
+
+void set_autotune(bool enabled) { autotune_flag().store(enabled); }
+bool autotune_enabled() { return autotune_flag().load(); }
+
+void set_tuning_file(const std::string& path) {
+  const std::lock_guard<std::mutex> lock(state().mutex);
+  state().file = path;
+}
+
+void add_tuned_entries(const std::map<std::string, std::string>& entries) {
+  const std::lock_guard<std::mutex> lock(state().mutex);
+  for (const auto& [bucket, name] : entries) state().entries[bucket] = name;
+}
+
+std::map<std::string, std::string> tuned_entries() {
+  const std::lock_guard<std::mutex> lock(state().mutex);
+  return state().entries;
+}
+
+void clear_tuned_entries() {
+  const std::lock_guard<std::mutex> lock(state().mutex);
+  state().entries.clear();
+}
+
+void register_device_tuner(c10::DeviceType type, DeviceTuner tuner) {
+  const std::lock_guard<std::mutex> lock(state().mutex);
+  state().tuners[type] = tuner;
+}
+
+namespace {
+const bool cpu_tuner_registered = (register_device_tuner(c10::kCPU, {&time_on_cpu, &cpu_name}), true);
+}  // namespace
+
+}  // namespace mm_variants

@@ -1,0 +1,50 @@
+// algorithm="auto": which kernel runs for given inputs.
+//
+// Two modes. The heuristic (default) costs nothing at run time: the highest rung whose
+// `accepts` takes the inputs, rungs being ordered so that each is faster than the ones below it
+// on what it accepts. The measured mode (MM_VARIANTS_AUTOTUNE=1 or set_autotune(true)) times
+// every eligible kernel once per shape bucket on the real inputs, keeps the winner in memory
+// and in a JSON file, and reuses it from then on. It never measures during CUDA graph capture
+// (nor during torch.compile tracing, which runs the fake kernel): there the cached or
+// heuristic choice is used.
+#pragma once
+
+#include "registry.h"
+
+#include <map>
+#include <string>
+
+namespace mm_variants {
+
+struct AutoDecision {
+  const Algorithm* algorithm;
+  std::string reason;  // "heuristic", "measured" or "cached"
+  std::string bucket;  // the cache key: device, dtype, layouts and shape bucket
+};
+
+AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b);
+
+inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b) {
+  return *decide_auto(a, b).algorithm;
+}
+
+void set_autotune(bool enabled);
+bool autotune_enabled();
+
+// Where measured choices are saved (rewritten after each new measurement); empty: memory only.
+void set_tuning_file(const std::string& path);
+// Adds choices read from the tuning file; entries naming unknown algorithms are ignored.
+void add_tuned_entries(const std::map<std::string, std::string>& entries);
+std::map<std::string, std::string> tuned_entries();
+void clear_tuned_entries();
+
+// How a device type times candidate kernels on real inputs: milliseconds per candidate, or an
+// empty vector when measuring is not allowed right now (e.g. during CUDA graph capture).
+struct DeviceTuner {
+  std::vector<double> (*time)(const std::vector<const Algorithm*>& candidates,
+                              const at::Tensor& a, const at::Tensor& b);
+  std::string (*device_name)(c10::Device device);
+};
+void register_device_tuner(c10::DeviceType type, DeviceTuner tuner);
+
+}  // namespace mm_variants

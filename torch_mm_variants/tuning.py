@@ -1,0 +1,78 @@
+"""The measured mode of algorithm="auto" and a look at what auto picks.
+
+With MM_VARIANTS_AUTOTUNE=1 in the environment, or after `set_autotune(True)`, the first call of
+`auto` for a (device, dtype, layout, shape bucket) times every eligible kernel on the real inputs
+and keeps the fastest. Choices are saved to a JSON file in the user's cache directory, one file
+per torch and package version (the GPU's name is part of each key), and are reused by later
+processes, measured mode or not. Nothing is measured during CUDA graph capture or torch.compile
+tracing.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+import torch
+
+from . import _C
+
+PACKAGE_VERSION = "0.1.0"
+
+
+def cache_file() -> Path:
+    """The JSON file that keeps measured choices (MM_VARIANTS_CACHE_DIR overrides its folder)."""
+    folder = os.environ.get("MM_VARIANTS_CACHE_DIR")
+    if folder is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        folder = os.path.join(base, "torch_mm_variants")
+    tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{PACKAGE_VERSION}")
+    return Path(folder) / f"autotune-{tag}.json"
+
+
+def load_cache(path: Path | None = None) -> int:
+    """Loads saved choices into memory and points future saves at `path`; returns the count."""
+    path = path or cache_file()
+    _C.set_tuning_file(str(path) if _C.autotune_enabled() else "")
+    try:
+        entries = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return 0
+    entries = {str(k): str(v) for k, v in entries.items()} if isinstance(entries, dict) else {}
+    _C.add_tuned_entries(entries)
+    return len(entries)
+
+
+def set_autotune(enabled: bool = True) -> None:
+    """Switches the measured mode of algorithm="auto" on or off (process-wide, thread-safe)."""
+    _C.set_autotune(bool(enabled))
+    if enabled:
+        path = cache_file()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            pass  # measured choices then live in memory only
+        _C.set_tuning_file(str(path))
+
+
+def explain_auto(a: torch.Tensor, b: torch.Tensor) -> dict:
+    """What algorithm="auto" runs for these inputs, and why:
+    {"algorithm": ..., "reason": "heuristic" | "measured" | "cached", "bucket": ...}."""
+    algorithm, reason, bucket = _C.explain_auto(a, b)
+    return {"algorithm": algorithm, "reason": reason, "bucket": bucket}
+
+
+def tuned_entries() -> dict:
+    """The measured or loaded choices held in memory, bucket -> algorithm."""
+    return dict(_C.tuned_entries())
+
+
+def clear() -> None:
+    """Forgets the choices held in memory (the file is left alone)."""
+    _C.clear_tuned_entries()
+
+
+if _C.autotune_enabled():
+    set_autotune(True)
+load_cache()
