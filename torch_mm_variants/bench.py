@@ -60,9 +60,14 @@ def parse_size(text: str) -> tuple[int, int, int]:
     raise argparse.ArgumentTypeError(f"size {text!r} is neither N nor MxNxK")
 
 
-def make_inputs(m, n, k, dtype, device, sets):
-    return [(torch.randn(m, k, device=device).to(dtype), torch.randn(k, n, device=device).to(dtype))
-            for _ in range(sets)]
+def make_inputs(m, n, k, dtype, device, sets, weight_layout=False):
+    """`sets` random (a, b) pairs; with weight_layout, b is w.t() for a weight w [N, K], as in
+    nn.Linear."""
+    def b_matrix():
+        if weight_layout:
+            return torch.randn(n, k, device=device).to(dtype).t()
+        return torch.randn(k, n, device=device).to(dtype)
+    return [(torch.randn(m, k, device=device).to(dtype), b_matrix()) for _ in range(sets)]
 
 
 def input_sets_needed(m, n, k, dtype, device) -> int:

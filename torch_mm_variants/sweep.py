@@ -1,0 +1,143 @@
+"""The sweep: TFLOP/s (and GB/s) against size for every algorithm, auto and torch.mm.
+
+    python -m torch_mm_variants.sweep --dtype bfloat16 --output sweep.csv --plot sweep.png
+
+Two families of shapes: squares (M = N = K) and the nn.Linear shapes of real models, with the
+weight given as [N, K] (b = w.t()) and M the number of tokens, from decode (M = 1) to prefill.
+Each point is checked against a float64 reference before it is timed (bench.py's timer, torch.mm
+measured beside it). A kernel whose last point took longer than --time-cap seconds is not run at
+larger sizes of that family (the teaching rungs at 8192^3), and its rows say so.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+
+import torch
+
+import torch_mm_variants as mmv
+from torch_mm_variants import bench
+
+SQUARES = [256, 512, 1024, 2048, 4096, 8192]
+LINEAR_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
+LINEAR_M = [1, 8, 16, 32, 64, 256, 1024, 4096]
+
+
+def shapes(device: torch.device) -> list[tuple[str, int, int, int, bool]]:
+    """(family, M, N, K, weight_layout) in increasing size within each family."""
+    if device.type == "cpu":  # sizes that finish in a few minutes on a small CPU
+        return ([("square", s, s, s, False) for s in [64, 128, 256, 512, 1024]]
+                + [(f"linear {n}x{k}", m, n, k, True) for n, k in [(1024, 1024)] for m in [1, 8, 64, 256]])
+    return ([("square", s, s, s, False) for s in SQUARES]
+            + [(f"linear {n}x{k}", m, n, k, True) for n, k in LINEAR_NK for m in LINEAR_M])
+
+
+def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_cap):
+    """Rows for one shape: each algorithm (unless capped) and torch.mm."""
+    inputs = bench.make_inputs(m, n, k, dtype, device,
+                               bench.input_sets_needed(m, n, k, dtype, device), weight_layout)
+    a0, b0 = inputs[0]
+    reference = a0.double() @ b0.double()
+    bytes_moved = (m * k + k * n + m * n) * a0.element_size()
+    rows = []
+
+    def row(name, ms, err):
+        return {"family": family, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."),
+                "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms else 0.0,
+                "gbps": bytes_moved / ms / 1e6 if ms else 0.0, "rel_error": err}
+
+    for name in names + [bench.BASELINE]:
+        if name in time_cap["skipped"]:
+            continue
+        run = torch.mm if name == bench.BASELINE else (lambda a, b, name=name: mmv.matmul(a, b, name))
+        try:
+            err = bench.relative_error(run(a0, b0), reference)
+        except RuntimeError:  # the algorithm does not take this shape (e.g. skinny beyond its M)
+            continue
+        ms = bench.time_ms(bench.cycling(run, inputs), device, repeat)
+        label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
+        rows.append(row(label, ms, err))
+        if ms > 1e3 * time_cap["seconds"] and name != bench.BASELINE:
+            time_cap["skipped"].add(name)
+    return rows
+
+
+def plot(rows: list[dict], path: str, title: str) -> None:
+    """One column per family: TFLOP/s on top, GB/s (what bounds skinny shapes) below."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    families = list(dict.fromkeys(r["family"] for r in rows))
+    fig, axes = plt.subplots(2, len(families), figsize=(5 * len(families), 8), squeeze=False)
+    for column, family in enumerate(families):
+        subset = [r for r in rows if r["family"] == family]
+        for ax, metric, unit in [(axes[0][column], "tflops", "TFLOP/s"),
+                                 (axes[1][column], "gbps", "GB/s")]:
+            for name in dict.fromkeys(r["algorithm"].split(" (")[0] for r in subset):
+                points = [r for r in subset if r["algorithm"].split(" (")[0] == name]
+                style = {"linewidth": 2.5, "color": "black"} if name == bench.BASELINE else {}
+                ax.plot([r["m"] for r in points], [r[metric] for r in points], marker="o",
+                        markersize=3, label=name, **style)
+            ax.set_xscale("log", base=2)
+            ax.set_xlabel("M = N = K" if family == "square"
+                          else f"M (tokens), weight [N, K] = {family.split()[1]}")
+            ax.set_ylabel(unit)
+            ax.set_title(family)
+            ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_mm_variants.sweep", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    gpu = torch.cuda.is_available() and mmv.has_cuda()
+    p.add_argument("--device", default="cuda" if gpu else "cpu")
+    p.add_argument("--dtype", default="bfloat16", choices=list(bench.DTYPES))
+    p.add_argument("--algorithms", default=None, help="comma-separated (default: auto and all)")
+    p.add_argument("--families", default=None, help="comma-separated family prefixes, e.g. square")
+    p.add_argument("--repeat", type=int, default=5)
+    p.add_argument("--time-cap", type=float, default=1.0,
+                   help="seconds per call beyond which an algorithm stops growing in size")
+    p.add_argument("--tf32", action="store_true")
+    p.add_argument("--output", default="sweep.csv")
+    p.add_argument("--plot", default="sweep.png", help="PNG path ('' for none)")
+    args = p.parse_args(argv)
+
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", device.index or 0)
+        torch.backends.cuda.matmul.allow_tf32 = args.tf32
+    dtype = bench.DTYPES[args.dtype]
+    names = args.algorithms.split(",") if args.algorithms else ["auto"] + mmv.algorithms(device)
+    todo = [s for s in shapes(device)
+            if not args.families or any(s[0].startswith(f) for f in args.families.split(","))]
+    rows, caps = [], {}
+    for index, (family, m, n, k, weight_layout) in enumerate(todo):
+        bench.progress(f"[{index + 1}/{len(todo)}] {family} {m}x{n}x{k}")
+        cap = caps.setdefault(family, {"seconds": args.time_cap, "skipped": set()})
+        rows += measure(family, m, n, k, weight_layout, dtype, device, names, args.repeat, cap)
+    bench.progress("")
+    with open(args.output, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {len(rows)} rows to {args.output}")
+    for family, cap in caps.items():
+        if cap["skipped"]:
+            print(f"{family}: not run past {args.time_cap:g} s per call: {', '.join(sorted(cap['skipped']))}")
+    if args.plot:
+        try:
+            plot(rows, args.plot, f"{bench.device_name(device)}, {args.dtype}")
+            print(f"wrote {args.plot}")
+        except ImportError:
+            print("matplotlib is not installed: no plot", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
