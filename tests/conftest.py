@@ -2,6 +2,9 @@
 reference, tolerances, and output poisoning."""
 from __future__ import annotations
 
+import contextlib
+import re
+
 import pytest
 import torch
 
@@ -51,30 +54,48 @@ def random_matrix(rows, cols, dtype, device, layout="row"):
     raise ValueError(layout)
 
 
-def run_checked(a, b, algorithm):
-    """Runs the op and returns (out, tolerance). Float32 on a TF32 tensor-core rung is refused
-    unless TF32 is allowed (checked here), then run with TF32 and its looser tolerance."""
-    try:
-        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
-    except RuntimeError as error:
-        if a.dtype != torch.float32 or "allow_tf32" not in str(error):
-            raise
+@contextlib.contextmanager
+def tf32_allowed():
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True
     try:
-        return mmv.matmul(a, b, algorithm), TF32_TOLERANCE
+        yield
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+def run_checked(a, b, algorithm):
+    """Runs the op and returns (out, tolerance), or None when the algorithm refuses these inputs
+    by design (e.g. a skinny kernel given many rows), after checking that it refuses them with
+    its reason. A float32 tensor-core rung refused for TF32 being off (checked) runs with TF32
+    allowed, under TF32's looser tolerance."""
+    if algorithm == "auto":
+        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
+    accepted, why = mmv._C.algorithm_accepts(algorithm, a, b)
+    if accepted:
+        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
+    with pytest.raises(RuntimeError, match=re.escape(why)):
+        mmv.matmul(a, b, algorithm)
+    if a.dtype == torch.float32 and "allow_tf32" in why:
+        with tf32_allowed():
+            if mmv._C.algorithm_accepts(algorithm, a, b)[0]:
+                return mmv.matmul(a, b, algorithm), TF32_TOLERANCE
+    return None
+
+
 def assert_matches_reference(a, b, algorithm):
-    out, tolerance = run_checked(a, b, algorithm)
+    """Checks the op against a float64 product; returns False when the algorithm refused."""
+    result = run_checked(a, b, algorithm)
+    if result is None:
+        return False
+    out, tolerance = result
     ref = a.double() @ b.double()
     assert out.shape == ref.shape and out.dtype == a.dtype and out.device == a.device
     assert out.is_contiguous()
     assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN elements in the output"
     err = relative_error(out, ref)
     assert err <= tolerance, f"relative error {err:.3e} > {tolerance:.0e}"
+    return True
 
 
 @pytest.fixture(autouse=True)

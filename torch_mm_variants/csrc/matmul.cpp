@@ -93,6 +93,16 @@ std::vector<std::string> algorithm_dtypes(const std::string& device, const std::
   return dtypes;
 }
 
+// Whether algorithm `name` takes these (valid) inputs, and if not, the reason it gives.
+std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const at::Tensor& a,
+                                                const at::Tensor& b) {
+  check_inputs(a, b);
+  const Algorithm& algorithm = find_algorithm(a.device(), name);
+  if (!algorithm.supports(a.scalar_type())) return {false, "does not support dtype"};
+  if (algorithm.accepts != nullptr && !algorithm.accepts(a, b)) return {false, algorithm.why_not};
+  return {true, ""};
+}
+
 std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor& a,
                                                                const at::Tensor& b) {
   check_inputs(a, b);
@@ -116,6 +126,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "The dtypes (as c10 names: Float, Half, BFloat16, Double) an algorithm accepts on a device");
   m.def("set_poison_outputs", [](bool on) { mm_variants::poison_outputs.store(on); },
         "Fill every output with NaN before its kernel runs (for tests)");
+  m.def("algorithm_accepts", &mm_variants::algorithm_accepts,
+        "(accepted, reason) for running an algorithm on these inputs");
   m.def("explain_auto", &mm_variants::explain_auto,
         "(algorithm, reason, bucket) of what algorithm='auto' runs for these inputs");
   m.def("set_autotune", &mm_variants::set_autotune, "Switch the measured mode of 'auto' on or off");
