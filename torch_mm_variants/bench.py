@@ -148,6 +148,11 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32) -> list[Row]:
 
     for index, name in enumerate(algorithms):
         progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")
+        if name != "auto":
+            accepted, why = mmv._C.algorithm_accepts(name, a0, b0)
+            if not accepted:  # e.g. a skinny kernel at large M, TF32 kernels with TF32 off
+                print(f"\n{name} at {m}x{n}x{k}: not run: {why}", file=sys.stderr)
+                continue
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
         err = relative_error(mmv.matmul(a0, b0, name), reference)
         if not err <= tolerance:  # a wrong kernel is reported, never timed
@@ -225,6 +230,10 @@ def main(argv=None) -> int:
     if not available:
         sys.exit(f"torch_mm_variants.bench: this build has no kernels for {device}")
     names = args.algorithms.split(",") if args.algorithms else ["auto"] + available
+    unknown = [name for name in names if name != "auto" and name not in available]
+    if unknown:
+        sys.exit(f"torch_mm_variants.bench: unknown algorithm(s) {', '.join(unknown)} for "
+                 f"{device}; valid: auto, {', '.join(available)}")
     torch.manual_seed(0)
 
     all_rows = []
