@@ -10,7 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <mutex>
-#include <sstream>
+#include <string>
 
 namespace mm_variants {
 namespace {
@@ -46,11 +46,9 @@ int64_t bucket_of(int64_t x) {
 char layout_of(const at::Tensor& t) { return t.stride(0) == 1 && t.stride(1) != 1 ? 'c' : 'r'; }
 
 std::string bucket_key(const at::Tensor& a, const at::Tensor& b, const std::string& device_name) {
-  std::ostringstream key;
-  key << device_name << "|" << c10::toString(a.scalar_type()) << "|" << layout_of(a)
-      << layout_of(b) << "|" << bucket_of(a.size(0)) << "x" << bucket_of(b.size(1)) << "x"
-      << bucket_of(a.size(1));
-  return key.str();
+  return device_name + "|" + c10::toString(a.scalar_type()) + "|" + layout_of(a) + layout_of(b) +
+         "|" + std::to_string(bucket_of(a.size(0))) + "x" + std::to_string(bucket_of(b.size(1))) +
+         "x" + std::to_string(bucket_of(a.size(1)));
 }
 
 std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b) {

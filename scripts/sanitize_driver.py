@@ -1,0 +1,68 @@
+"""The workload of scripts/sanitize.sh: every CUDA algorithm (or those named on the command line),
+every dtype it takes, the four transpose layouts and a misaligned view, on a few small shapes that
+are no tile multiples and span several blocks and k steps. Exits non-zero on a wrong result."""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import torch_mm_variants as mmv
+
+SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (130, 129, 40)]  # (M, N, K)
+DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
+TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+
+
+def operand(rows, cols, dtype, layout):
+    """Made on the CPU and copied over, so that the only kernels the sanitizer sees are the op's."""
+    if layout == "row":
+        return torch.randn(rows, cols).to(dtype).cuda()
+    if layout == "col":
+        return torch.randn(cols, rows).to(dtype).cuda().t()
+    # "offset": one element into its storage, so not 16-byte aligned
+    return torch.randn(rows * cols + 1).to(dtype).cuda()[1:].view(rows, cols)
+
+
+def run(a, b, algorithm):
+    try:
+        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
+    except RuntimeError as error:  # float32 on a tensor-core rung needs TF32 allowed
+        if a.dtype != torch.float32 or "allow_tf32" not in str(error):
+            raise
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return mmv.matmul(a, b, algorithm), 5e-3
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = False
+
+
+def main() -> int:
+    torch.manual_seed(0)
+    failures = 0
+    layouts = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"), ("offset", "offset")]
+    for algorithm in sys.argv[1:] or mmv.algorithms("cuda"):
+        for dtype_name in mmv._C.algorithm_dtypes("cuda", algorithm):
+            dtype = DTYPES[dtype_name]
+            for m, n, k in SHAPES:
+                for la, lb in layouts:
+                    a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
+                    try:
+                        out, tolerance = run(a, b, algorithm)
+                    except RuntimeError as error:
+                        if "cannot take these inputs" in str(error):  # refused by design
+                            continue
+                        raise
+                    ref = a.cpu().double() @ b.cpu().double()
+                    err = ((out.cpu().double() - ref).norm() / ref.norm()).item()
+                    if not err <= tolerance:
+                        failures += 1
+                        print(f"WRONG {algorithm} {dtype_name} {m}x{n}x{k} {la}/{lb}: "
+                              f"relative error {err:.2e}")
+        print(f"ran {algorithm}", flush=True)
+    torch.cuda.synchronize()
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

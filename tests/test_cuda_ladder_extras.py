@@ -1,0 +1,186 @@
+"""CUDA-specific behaviour of every CUDA algorithm (the correctness sweep over sizes and layouts is
+test_matmul.py): storage offsets that break 16-byte alignment, work on a side stream, CUDA graph
+capture and replay, inputs on a device that is not the current one, and operands of more than
+2^31 elements (64-bit index math). The algorithms come from the registry, so every rung is
+covered, later ones included."""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+
+import torch_mm_variants as mmv
+from conftest import (DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE, gpu_available,
+                      relative_error)
+
+pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and a CUDA build")
+
+
+def cuda_algorithm_dtypes(device: str = "cuda") -> list:
+    if not gpu_available():
+        return []
+    return [pytest.param(name, DTYPE_BY_C10_NAME[t], id=f"{name}-{t}")
+            for name in mmv.algorithms(device) for t in mmv._C.algorithm_dtypes(device, name)]
+
+
+def cuda_algorithms() -> list[str]:
+    return mmv.algorithms("cuda") if gpu_available() else []
+
+
+@contextlib.contextmanager
+def runnable(algorithm: str, dtype: torch.dtype, device: str = "cuda"):
+    """Yields the tolerance for `algorithm` on `dtype`, with TF32 allowed inside the block when the
+    algorithm takes float32 only that way (the tensor-core rungs)."""
+    previous = torch.backends.cuda.matmul.allow_tf32
+    x = torch.randn(8, 8, device=device).to(dtype)
+    try:
+        mmv.matmul(x, x, algorithm)
+        tolerance = TOLERANCE[dtype]
+    except RuntimeError as error:
+        if dtype != torch.float32 or "allow_tf32" not in str(error):
+            raise
+        torch.backends.cuda.matmul.allow_tf32 = True
+        tolerance = TF32_TOLERANCE
+    try:
+        yield tolerance
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def matmul_if_accepted(a: torch.Tensor, b: torch.Tensor, algorithm: str):
+    """The op's result, or None when the algorithm refuses these inputs by design (a rung made for
+    few rows of a, say); test_errors.py covers the refusals themselves."""
+    try:
+        return mmv.matmul(a, b, algorithm)
+    except RuntimeError as error:
+        if "cannot take these inputs" in str(error):
+            return None
+        raise
+
+
+def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance: float) -> None:
+    ref = a.double() @ b.double()
+    assert out.shape == ref.shape and out.dtype == a.dtype and out.device == a.device
+    err = relative_error(out, ref)
+    assert err <= tolerance, f"relative error {err:.3e} > {tolerance:.0e}"
+
+
+def offset_matrix(rows: int, cols: int, dtype, offset: int, transposed: bool) -> torch.Tensor:
+    """A [rows, cols] view starting `offset` elements into its storage, row-major or a transposed
+    (column-major) view."""
+    flat = torch.randn(rows * cols + offset, device="cuda").to(dtype)[offset:]
+    return flat.view(cols, rows).t() if transposed else flat.view(rows, cols)
+
+
+@pytest.mark.parametrize("algorithm,dtype", cuda_algorithm_dtypes())
+def test_misaligned_storage_offset(algorithm, dtype):
+    """Data pointers off 16-byte alignment take the scalar-load path, never a misaligned fault."""
+    torch.manual_seed(0)
+    with runnable(algorithm, dtype) as tolerance:
+        ran = 0
+        for m, n, k in [(45, 67, 33), (130, 129, 264)]:
+            for offset in (1, 2, 3):
+                for a_t, b_t in [(False, False), (False, True), (True, False), (True, True)]:
+                    a = offset_matrix(m, k, dtype, offset, a_t)
+                    b = offset_matrix(k, n, dtype, offset % 3 + 1, b_t)
+                    assert a.data_ptr() % 16 != 0 and b.data_ptr() % 16 != 0
+                    out = matmul_if_accepted(a, b, algorithm)
+                    if out is not None:
+                        check(out, a, b, tolerance)
+                        ran += 1
+        assert ran > 0, f"{algorithm} refused every shape"
+
+
+@pytest.mark.parametrize("algorithm", cuda_algorithms())
+def test_side_stream(algorithm):
+    """The kernel runs on the current stream: here a side stream held back by a sleep, behind a
+    copy into `a` that it must see."""
+    torch.manual_seed(0)
+    with runnable(algorithm, torch.float32) as tolerance:
+        a, b = torch.randn(48, 200, device="cuda"), torch.randn(200, 300, device="cuda")
+        new_a = torch.randn_like(a)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.cuda._sleep(50_000_000)  # tens of milliseconds
+            a.copy_(new_a)
+            out = mmv.matmul(a, b, algorithm)
+        torch.cuda.current_stream().wait_stream(side)
+        check(out, new_a, b, tolerance)
+
+
+@pytest.mark.parametrize("algorithm,dtype", cuda_algorithm_dtypes())
+def test_cuda_graph_capture_and_replay(algorithm, dtype):
+    """Capture the op, change its inputs in place, replay: the output follows the new inputs."""
+    torch.manual_seed(0)
+    with runnable(algorithm, dtype) as tolerance:
+        a = torch.randn(60, 67, device="cuda").to(dtype)
+        b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture (module load, opt-ins)
+            accepted = matmul_if_accepted(a, b, algorithm) is not None
+        torch.cuda.current_stream().wait_stream(side)
+        if not accepted:
+            pytest.skip(f"{algorithm} does not take these inputs")
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = mmv.matmul(a, b, algorithm)
+        for _ in range(2):
+            a.copy_(torch.randn_like(a, dtype=torch.float32))
+            b.copy_(torch.randn_like(b, dtype=torch.float32))
+            graph.replay()
+            torch.cuda.synchronize()
+            check(out, a, b, tolerance)
+
+
+@pytest.mark.skipif(not gpu_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+@pytest.mark.parametrize("algorithm", mmv.algorithms("cuda:1")
+                         if gpu_available() and torch.cuda.device_count() >= 2 else [])
+def test_inputs_on_another_device(algorithm):
+    """Inputs on cuda:1 while cuda:0 is current: the kernel runs on cuda:1's stream."""
+    torch.manual_seed(0)
+    with torch.cuda.device(0), runnable(algorithm, torch.float32, "cuda:1") as tolerance:
+        a = torch.randn(48, 150, device="cuda:1")
+        b = torch.randn(150, 90, device="cuda:1")
+        out = mmv.matmul(a, b, algorithm)
+        assert torch.cuda.current_device() == 0
+        check(out, a, b, tolerance)
+
+
+LARGE = 2 ** 23 + 64  # with SMALL_K = 256, a 16-bit operand of just over 2^31 elements (4.3 GB)
+SMALL_K = 256
+
+
+@pytest.mark.parametrize("operand", ["a-row", "a-col", "b-row", "b-col"])
+def test_operand_past_2_31_elements(operand):
+    """One operand of LARGE x 256 (or 256 x LARGE) elements in each layout, so that row * ld or
+    k * ld passes 2^31: 32-bit index math would read the wrong rows. The rows past the 2^31st
+    element are checked against float64."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < 12 * 2 ** 30:
+        pytest.skip("needs 12 GB of free GPU memory")
+    torch.manual_seed(0)
+    dtype = torch.bfloat16
+    big = torch.randn(LARGE * SMALL_K, device="cuda", dtype=dtype)
+    small = torch.randn(8 * SMALL_K, device="cuda", dtype=dtype)
+    row_major = operand.endswith("row")
+    if operand.startswith("a"):  # [LARGE, K] @ [K, 8]
+        a = big.view(LARGE, SMALL_K) if row_major else big.view(SMALL_K, LARGE).t()
+        b = small.view(SMALL_K, 8)
+    else:  # [8, K] @ [K, LARGE]
+        a = small.view(8, SMALL_K)
+        b = big.view(SMALL_K, LARGE) if row_major else big.view(LARGE, SMALL_K).t()
+    # The last 256 rows or columns of the large dimension lie past element 2^31.
+    tail = slice(LARGE - 256, LARGE)
+    for algorithm in mmv.algorithms("cuda"):
+        with runnable(algorithm, dtype) as tolerance:
+            out = matmul_if_accepted(a, b, algorithm)
+            if out is None:
+                continue
+            if operand.startswith("a"):
+                check(out[tail], a[tail], b, tolerance)
+            else:
+                check(out[:, tail], a, b[:, tail], tolerance)
+            del out

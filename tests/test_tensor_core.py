@@ -1,0 +1,126 @@
+"""The tensor-core rung: its TF32 policy, proof that the compiled kernels issue tensor-core
+instructions, and the paths the generic sweeps of test_matmul.py do not force (16-byte copies
+with partial chunks at the edges, many tiles and K steps). Misaligned views, streams, graph
+capture and 64-bit offsets are covered for every CUDA rung in test_cuda_ladder_extras.py."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+
+import pytest
+import torch
+
+import torch_mm_variants as mmv
+from conftest import TF32_TOLERANCE, assert_matches_reference, gpu_available, relative_error
+
+ALGORITHM = "tensor_core"
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not gpu_available() or ALGORITHM not in mmv.algorithms("cuda"),
+                       reason="needs a CUDA build and a GPU of compute capability 8.0 or newer"),
+]
+
+
+@pytest.fixture
+def tf32_settings():
+    """Restores the TF32 settings a test changes."""
+    allow, precision = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+    yield
+    torch.set_float32_matmul_precision(precision)
+    torch.backends.cuda.matmul.allow_tf32 = allow
+
+
+def float32_inputs(m=200, n=150, k=300):
+    torch.manual_seed(0)
+    return torch.randn(m, k, device="cuda"), torch.randn(k, n, device="cuda")
+
+
+def test_float32_refused_without_tf32(tf32_settings):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    a, b = float32_inputs()
+    with pytest.raises(RuntimeError, match=r"torch\.backends\.cuda\.matmul\.allow_tf32"):
+        mmv.matmul(a, b, ALGORITHM)
+
+
+@pytest.mark.parametrize("enable", ["allow_tf32", "precision_high", "precision_medium"])
+def test_float32_runs_in_tf32_when_allowed(tf32_settings, enable):
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    if enable == "allow_tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    else:
+        torch.set_float32_matmul_precision(enable.removeprefix("precision_"))
+    a, b = float32_inputs()
+    out = mmv.matmul(a, b, ALGORITHM)
+    assert out.dtype == torch.float32
+    err = relative_error(out, a.double() @ b.double())
+    # TF32 keeps 10 mantissa bits: about 1e-3 relative error, far above float32's 1e-7.
+    assert 1e-5 < err <= TF32_TOLERANCE, f"relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("row", "col"), ("col", "row"),
+                                               ("col", "col")])
+def test_16_byte_copies_with_partial_chunks(dtype, a_layout, b_layout):
+    """Slices of 16-byte aligned buffers keep the fast cp.async path while their extents are not
+    multiples of 8 elements, so the edge chunks are partial and must be zero-filled."""
+    torch.manual_seed(0)
+
+    def view(rows, cols, layout):
+        if layout == "row":
+            return torch.randn(rows, 64 * ((cols + 63) // 64), device="cuda").to(dtype)[:, :cols]
+        return torch.randn(cols, 64 * ((rows + 63) // 64), device="cuda").to(dtype)[:, :rows].t()
+
+    for m, n, k in [(37, 45, 29), (131, 263, 75), (300, 5, 301)]:
+        assert_matches_reference(view(m, k, a_layout), view(k, n, b_layout), ALGORITHM)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_many_tiles_and_k_steps(dtype):
+    """More tile rows than one group of the grouped tile order, a partial last group, and enough
+    K steps to wrap the pipeline's stages several times. (float32 runs in TF32 through
+    run_checked, which allows it and applies the TF32 tolerance.)"""
+    torch.manual_seed(0)
+    a = torch.randn(1300, 1000, device="cuda").to(dtype)
+    b = torch.randn(1000, 700, device="cuda").to(dtype)
+    assert_matches_reference(a, b, ALGORITHM)
+    assert_matches_reference(a.t().contiguous().t(), b.t().contiguous().t(), ALGORITHM)
+
+
+def find_cuobjdump() -> str | None:
+    from torch.utils.cpp_extension import CUDA_HOME
+    candidates = [shutil.which("cuobjdump")]
+    if CUDA_HOME:
+        candidates.append(os.path.join(CUDA_HOME, "bin", "cuobjdump"))
+    return next((c for c in candidates if c and os.path.exists(c)), None)
+
+
+def test_kernels_use_tensor_cores():
+    """Every compiled tensor_core kernel issues HMMA (mma.sync), LDSM (ldmatrix) and LDGSTS
+    (cp.async) instructions."""
+    cuobjdump = find_cuobjdump()
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found")
+    result = subprocess.run([cuobjdump, "-sass", mmv._C.__file__], capture_output=True, text=True,
+                            check=True)
+    functions = re.split(r"^\s*Function : ", result.stdout, flags=re.MULTILINE)[1:]
+    kernels = [(f.split("\n", 1)[0].strip(), f) for f in functions
+               if "tensor_core_kernel" in f.split("\n", 1)[0]]
+    assert kernels, "no tensor_core_kernel in the SASS of " + mmv._C.__file__
+    for name, body in kernels:
+        for opcode in ("HMMA", "LDGSTS"):
+            assert re.search(rf"\b{opcode}\b", body), f"{opcode} missing from {name}"
+    assert any(re.search(r"\bLDSM\b", body) for _, body in kernels)
+
+
+def test_auto_follows_the_tf32_setting(tf32_settings):
+    a, b = float32_inputs()
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    assert mmv.auto_choice(a, b) != ALGORITHM  # an exact float32 rung
+    torch.backends.cuda.matmul.allow_tf32 = True
+    assert mmv.auto_choice(a, b) == ALGORITHM

@@ -1,0 +1,457 @@
+// Rung 8, tensor_core: the warp-tiled kernel of rung 7 with its inner product moved from CUDA-core
+// FMAs to the tensor cores, and the global -> shared traffic made asynchronous.
+//
+// - mma.sync: one warp instruction computes a 16x8x16 (fp16/bf16) or 16x8x8 (tf32) product with
+//   float accumulation, 2048 or 1024 multiply-adds where a warp-wide FFMA does 32; each warp still
+//   owns a WM x WN tile of C.
+// - ldmatrix: a warp loads its A and B fragments straight from shared memory in the layout mma
+//   expects, four 8x8 matrices per instruction; .trans turns M- or N-contiguous tiles (transposed
+//   operands, e.g. B = w.t() of an nn.Linear weight is K-contiguous, B = x is N-contiguous) into
+//   the same fragments, so no layout is ever copied. 32-bit tiles stored that way have no .trans
+//   and are read by conflict-free scalar loads instead.
+// - cp.async: a kStages-deep ring of shared-memory tiles is filled while the tensor cores work on
+//   an older stage, without staging through registers; each thread's copy addresses are computed
+//   once, its zero-fill form predicates the M, N and K edges, and the copies are issued between
+//   MMAs. Rows are padded (mma.cuh) so neither the copies nor the fragment loads conflict.
+// - Epilogue: each warp stages 16 rows of its tile in shared memory and writes them with 16-byte
+//   stores in the input dtype. Thread blocks walk C in groups of kGroupM tile rows so that blocks
+//   resident at the same time share their A and B panels in L2.
+//
+// Tile parameters (TensorCoreTiling): BM x BN block tile, BK_BYTES of K per stage (64 fp16/bf16
+// or 32 float elements for 128 bytes), WM x WN warp tile, kStages pipeline depth; LargeTiling
+// where the GPU gives a block 166 KB of shared memory, SmallTiling (half the K depth) elsewhere.
+//
+// float32 inputs run in TF32 (10-bit mantissa, rounded to nearest, float accumulation) and only
+// when the user allows it for matmuls, as for torch.mm: torch.backends.cuda.matmul.allow_tf32 =
+// True or torch.set_float32_matmul_precision("high" / "medium"). Otherwise this algorithm refuses
+// float32 inputs with a message naming that setting, and `auto` falls back to a CUDA-core rung.
+//
+// Operands whose pointer or leading dimension is not 16-byte aligned cannot use 16-byte cp.async;
+// they take a slower path chosen at launch that fills the same shared tiles with predicated
+// element loads.
+#include "common.cuh"
+#include "mma.cuh"
+
+#include <ATen/Context.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace mm_variants::cuda {
+namespace {
+
+template <int BM_, int BN_, int BK_BYTES_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_>
+struct TensorCoreTiling {
+  static constexpr int BM = BM_, BN = BN_, BK_BYTES = BK_BYTES_, WM = WM_, WN = WN_;
+  static constexpr int kStages = STAGES_, kMinBlocks = MIN_BLOCKS_;
+};
+
+// 8 warps of 64 x 64 over a 128 x 256 tile, three stages: 166 KB for LargeTiling (A100, H100),
+// 92 KB for SmallTiling (GPUs with 99 KB per block). Deeper K stages mean fewer barriers per MMA.
+// -DMM_VARIANTS_TENSOR_CORE overrides LargeTiling for a sweep.
+#ifndef MM_VARIANTS_TENSOR_CORE  // BM, BN, BK_BYTES, WM, WN, STAGES, MIN_BLOCKS
+#define MM_VARIANTS_TENSOR_CORE 128, 256, 128, 64, 64, 3, 1
+#endif
+using LargeTiling = TensorCoreTiling<MM_VARIANTS_TENSOR_CORE>;
+using SmallTiling = TensorCoreTiling<128, 256, 64, 64, 64, 3, 1>;
+
+constexpr int kGroupM = 8;  // tile rows per group of the grouped tile order (tile_origin)
+
+// The tensor-core instruction for each input dtype. Fragments hold raw bits: two 16-bit elements
+// or one 32-bit element per register.
+template <typename T>
+struct MmaOp;
+
+template <>
+struct MmaOp<c10::Half> {
+  static constexpr int kK = 16;
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma::mma_m16n8k16_f16(d, a, b);
+  }
+  __device__ static uint32_t prepare(uint32_t x) { return x; }
+  __device__ static uint32_t pack(float x, float y) {
+    const __half2 h = __floats2half2_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+template <>
+struct MmaOp<c10::BFloat16> {
+  static constexpr int kK = 16;
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma::mma_m16n8k16_bf16(d, a, b);
+  }
+  __device__ static uint32_t prepare(uint32_t x) { return x; }
+  __device__ static uint32_t pack(float x, float y) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  }
+};
+
+template <>
+struct MmaOp<float> {
+  static constexpr int kK = 8;
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma::mma_m16n8k8_tf32(d, a, b);
+  }
+  __device__ static uint32_t prepare(uint32_t x) { return mma::round_to_tf32(x); }
+};
+
+// Elements are moved as raw bits; only the MMA and the epilogue know the dtype.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
+
+// The shared-memory geometry of one kernel: tiling C, problem G (dtype and operand layouts).
+template <class C, class G>
+struct Tiles {
+  using T = typename G::scalar;
+  using E = Bits<T>;
+  static constexpr bool kAK = decltype(G::a)::k_contiguous;  // row-major A
+  static constexpr bool kBK = decltype(G::b)::k_contiguous;  // column-major B
+  static constexpr int kElem = sizeof(T);
+  static constexpr int BK = C::BK_BYTES / kElem;
+  static constexpr int kWarpsM = C::BM / C::WM, kWarps = kWarpsM * (C::BN / C::WN);
+  static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kMmaK = MmaOp<T>::kK;
+  static constexpr int kChunk = 16 / kElem;  // elements per 16-byte chunk, half of kMmaK
+  static constexpr int kMTiles = C::WM / 16, kNTiles = C::WN / 8;
+  static constexpr int kSlices = BK / kMmaK;  // MMA steps per stage
+
+  // A stage stores each operand as its global layout does: A as [BM][BK] (K-contiguous) or
+  // [BK][BM], B as [BN][BK] or [BK][BN], the contiguous rows padded (mma::padded_pitch).
+  static constexpr bool kALdmatrix = kAK || kElem == 2, kBLdmatrix = kBK || kElem == 2;
+  static constexpr int kAOuter = kAK ? C::BM : BK, kAInner = kAK ? BK : C::BM;
+  static constexpr int kBOuter = kBK ? C::BN : BK, kBInner = kBK ? BK : C::BN;
+  static constexpr int kAPitch = mma::padded_pitch(kAInner, kElem, kALdmatrix);
+  static constexpr int kBPitch = mma::padded_pitch(kBInner, kElem, kBLdmatrix);
+  static constexpr int kAStage = kAOuter * kAPitch, kBStage = kBOuter * kBPitch;
+
+  // Epilogue: each warp stages 16 rows of its tile; the pitch spreads the pair stores of a warp
+  // over all banks (4 words mod 32 for 16-bit pairs, 8 words mod 32 for float pairs).
+  static constexpr int kEpiPitch = C::WN + 8;
+  static constexpr int kEpiWarp = 16 * kEpiPitch;
+
+  static constexpr int kSmemBytes = static_cast<int>(
+      std::max(C::kStages * (kAStage + kBStage), kWarps * kEpiWarp) * kElem);
+
+  static_assert(C::BM % C::WM == 0 && C::BN % C::WN == 0 && C::WM % 16 == 0 && C::WN % 16 == 0,
+                "warp tiles must tile the block and be made of 16 x 16 pieces");
+  static_assert(BK % kMmaK == 0 && kSlices % 2 == 0, "fragments alternate between two sets");
+  static_assert(C::kStages >= 2, "the pipeline needs at least two stages");
+  static_assert(mma::conflict_free_pitch(kAPitch, kElem, kALdmatrix) &&
+                mma::conflict_free_pitch(kBPitch, kElem, kBLdmatrix));
+  static_assert((kAOuter * kAInner / kChunk) % kThreads == 0 &&
+                (kBOuter * kBInner / kChunk) % kThreads == 0,
+                "every thread copies the same number of chunks");
+  static_assert((16 * C::WN / kChunk) % 32 == 0);
+};
+
+// The 16-byte cp.async copy of one operand's K tiles into shared memory. The tile is
+// kOuter x kInner with its inner dimension contiguous in global memory (element (o, i) at
+// origin[o * ld + i]); K is the outer dimension when kKOuter, else the inner one. Each thread
+// moves the same chunks of every K tile, so its addresses are computed once. Copies past the
+// matrix edges are zero-filled (partly, in the last chunk of a row), and K tiles past the end
+// read as zeros: the pipeline issues them without a branch.
+template <int kOuter, int kInner, int kPitch, int kThreads, bool kKOuter, typename E>
+struct AsyncTileCopy {
+  static constexpr int kChunk = 16 / sizeof(E);
+  static constexpr int kChunksPerRow = kInner / kChunk;
+  static constexpr int kRowsPerPass = kThreads / kChunksPerRow;
+  static constexpr int kPasses = kOuter / kRowsPerPass;
+  static_assert(kThreads % kChunksPerRow == 0 && kOuter % kRowsPerPass == 0,
+                "every thread copies the same chunks of every row pass");
+
+  // The operand's own values (base pointer, ld, K, the tile's extent) stay kernel parameters;
+  // a thread keeps only its first chunk's address and position.
+  const E* src;  // this thread's first chunk in K tile 0
+  int row, col;  // this thread's first row and its column in the tile
+
+  // x0: the tile's first row of A (m) or column of B (n).
+  __device__ __forceinline__ AsyncTileCopy(const E* data, int64_t ld, int x0)
+      : row(threadIdx.x / kChunksPerRow), col(threadIdx.x % kChunksPerRow * kChunk) {
+    src = kKOuter ? data + row * ld + x0 + col : data + (int64_t(x0) + row) * ld + col;
+  }
+
+  // Issues this thread's copies of K tile kt into the stage at shared address `stage`. x_left:
+  // rows (K inner) or columns (K outer) of the tile inside the matrix; `base`: any valid
+  // address of the operand, the source of empty copies.
+  __device__ __forceinline__ void issue(uint32_t stage, int kt, const E* base, int64_t ld, int K,
+                                        int x_left) const {
+    const int k0 = kt * (kKOuter ? kOuter : kInner);
+    const E* tile = src + (kKOuter ? int64_t(k0) * ld : int64_t(k0));
+    // Elements of this thread's chunk inside the matrix, and rows left from its first row.
+    const int chunk = min(max(kKOuter ? x_left - col : K - k0 - col, 0), kChunk);
+    const int rows_left = (kKOuter ? K - k0 : x_left) - row;
+    const uint32_t dst = stage + (row * kPitch + col) * sizeof(E);
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      const int bytes = i * kRowsPerPass < rows_left ? chunk * static_cast<int>(sizeof(E)) : 0;
+      mma::cp_async_16(dst + i * kRowsPerPass * kPitch * sizeof(E),
+                       bytes > 0 ? tile + i * kRowsPerPass * ld : base, bytes);
+    }
+  }
+};
+
+// The same tile as AsyncTileCopy, element by element: for operands whose pointer or leading
+// dimension is not 16-byte aligned. Fills the same shared layout; outside the matrix, zeros.
+template <int kOuter, int kInner, int kPitch, int kThreads, typename E>
+__device__ __forceinline__ void copy_tile_elementwise(E* dst, const E* src, int64_t ld,
+                                                      int outer_left, int inner_left) {
+#pragma unroll 4
+  for (int i = 0; i < kOuter * kInner / kThreads; ++i) {
+    const int e = threadIdx.x + i * kThreads;
+    const int o = e / kInner, x = e % kInner;
+    dst[o * kPitch + x] = o < outer_left && x < inner_left ? src[o * ld + x] : E(0);
+  }
+}
+
+template <class C, typename G>
+__global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
+    tensor_core_kernel(G g, bool a_vec16, bool b_vec16) {
+  using L = Tiles<C, G>;
+  using T = typename L::T;
+  using E = typename L::E;
+  extern __shared__ float4 smem_vec[];
+  E* const a_smem = reinterpret_cast<E*>(smem_vec);
+  E* const b_smem = a_smem + C::kStages * L::kAStage;
+  const E* const a = reinterpret_cast<const E*>(g.a.data);
+  const E* const b = reinterpret_cast<const E*>(g.b.data);
+
+  const int2 tile = tile_origin<C::BM, C::BN, kGroupM>(g);
+  const int m0 = tile.x, n0 = tile.y;
+  const int m_left = min(g.M - m0, C::BM), n_left = min(g.N - n0, C::BN);
+  const int k_tiles = (g.K - 1) / L::BK + 1;
+
+  const AsyncTileCopy<L::kAOuter, L::kAInner, L::kAPitch, L::kThreads, !L::kAK, E> a_copy(
+      a, g.a.ld, m0);
+  const AsyncTileCopy<L::kBOuter, L::kBInner, L::kBPitch, L::kThreads, !L::kBK, E> b_copy(
+      b, g.b.ld, n0);
+  const uint32_t a_stages = mma::smem_addr(a_smem), b_stages = mma::smem_addr(b_smem);
+  // Both operands 16-byte aligned: every stage is one branch-free run of cp.async.
+  const auto async_stage = [&](int stage, int kt) {
+    a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a, g.a.ld, g.K, m_left);
+    b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b, g.b.ld, g.K, n_left);
+  };
+  // Otherwise each operand copies as it can; K tiles past the end are skipped.
+  const auto mixed_stage = [&](int stage, int kt) {
+    if (kt >= k_tiles) return;
+    const int k0 = kt * L::BK, k_left = min(g.K - k0, L::BK);
+    if (a_vec16) {
+      a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a, g.a.ld, g.K, m_left);
+    } else if constexpr (L::kAK) {
+      copy_tile_elementwise<C::BM, L::BK, L::kAPitch, L::kThreads>(
+          a_smem + stage * L::kAStage, a + int64_t(m0) * g.a.ld + k0, g.a.ld, m_left, k_left);
+    } else {
+      copy_tile_elementwise<L::BK, C::BM, L::kAPitch, L::kThreads>(
+          a_smem + stage * L::kAStage, a + int64_t(k0) * g.a.ld + m0, g.a.ld, k_left, m_left);
+    }
+    if (b_vec16) {
+      b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b, g.b.ld, g.K, n_left);
+    } else if constexpr (L::kBK) {
+      copy_tile_elementwise<C::BN, L::BK, L::kBPitch, L::kThreads>(
+          b_smem + stage * L::kBStage, b + int64_t(n0) * g.b.ld + k0, g.b.ld, n_left, k_left);
+    } else {
+      copy_tile_elementwise<L::BK, C::BN, L::kBPitch, L::kThreads>(
+          b_smem + stage * L::kBStage, b + int64_t(k0) * g.b.ld + n0, g.b.ld, k_left, n_left);
+    }
+  };
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int warp_m = warp % L::kWarpsM * C::WM, warp_n = warp / L::kWarpsM * C::WN;
+  // ldmatrix: lanes 8j .. 8j + 7 address the rows r of matrix j. Scalar 32-bit fragment loads:
+  // lane (g, t) reads row or column g at k = t and t + 4.
+  const int j = lane / 8, r = lane % 8, gq = lane / 4, tq = lane % 4;
+
+  // The fragments of the MMA step at k offset kk of a stage.
+  const auto load_a = [&](uint32_t(&frag)[L::kMTiles][4], const E* as, int kk) {
+#pragma unroll
+    for (int mi = 0; mi < L::kMTiles; ++mi) {
+      const int m = warp_m + mi * 16;
+      if constexpr (L::kAK) {  // [m][k]: matrix j is rows m + 8 (j % 2), k chunk j / 2
+        mma::ldmatrix_x4(frag[mi], mma::smem_addr(as + (m + j % 2 * 8 + r) * L::kAPitch + kk +
+                                                  j / 2 * L::kChunk));
+      } else if constexpr (L::kElem == 2) {  // [k][m], transposed by ldmatrix
+        mma::ldmatrix_x4_trans(
+            frag[mi], mma::smem_addr(as + (kk + j / 2 * 8 + r) * L::kAPitch + m + j % 2 * 8));
+      } else {  // [k][m] 32-bit: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
+        const E* p = as + (kk + tq) * L::kAPitch + m + gq;
+        frag[mi][0] = p[0];
+        frag[mi][1] = p[8];
+        frag[mi][2] = p[4 * L::kAPitch];
+        frag[mi][3] = p[4 * L::kAPitch + 8];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) frag[mi][q] = MmaOp<T>::prepare(frag[mi][q]);
+    }
+  };
+  const auto load_b = [&](uint32_t(&frag)[L::kNTiles][2], const E* bs, int kk) {
+#pragma unroll
+    for (int np = 0; np < L::kNTiles / 2; ++np) {  // two 8-column MMA tiles per load
+      const int n = warp_n + np * 16;
+      uint32_t x[4];
+      if constexpr (L::kBK) {  // [n][k]: matrix j is rows n + 8 (j / 2), k chunk j % 2
+        mma::ldmatrix_x4(x, mma::smem_addr(bs + (n + j / 2 * 8 + r) * L::kBPitch + kk +
+                                           j % 2 * L::kChunk));
+      } else if constexpr (L::kElem == 2) {  // [k][n], transposed by ldmatrix
+        mma::ldmatrix_x4_trans(
+            x, mma::smem_addr(bs + (kk + j % 2 * 8 + r) * L::kBPitch + n + j / 2 * 8));
+      } else {  // [k][n] 32-bit: b0 (t, g), b1 (t + 4, g) of columns n and n + 8
+        const E* p = bs + (kk + tq) * L::kBPitch + n + gq;
+        x[0] = p[0];
+        x[1] = p[4 * L::kBPitch];
+        x[2] = p[8];
+        x[3] = p[4 * L::kBPitch + 8];
+      }
+#pragma unroll
+      for (int q = 0; q < 4; ++q) frag[2 * np + q / 2][q % 2] = MmaOp<T>::prepare(x[q]);
+    }
+  };
+
+  float acc[L::kMTiles][L::kNTiles][4] = {};
+
+  // Pipeline: stage kt % kStages holds K tile kt, whose copies were issued kStages - 1 iterations
+  // earlier. Fragments are double-buffered: the registers of the next MMA step (or of the next
+  // tile's first step) load while the tensor cores work on the current one. The one barrier per
+  // tile comes before the last step's MMAs, whose fragments are already in registers: past it the
+  // next tile is visible to every warp, and no warp still reads the stage refilled next. The
+  // refill is issued after the first step's MMAs, so the copies overlap tensor-core work.
+  const auto mainloop = [&](const auto& load_stage) {
+#pragma unroll
+    for (int s = 0; s < C::kStages - 1; ++s) {
+      load_stage(s, s);
+      mma::cp_async_commit();
+    }
+    mma::cp_async_wait<C::kStages - 2>();
+    __syncthreads();
+
+    uint32_t a_frag[2][L::kMTiles][4], b_frag[2][L::kNTiles][2];
+    load_a(a_frag[0], a_smem, 0);
+    load_b(b_frag[0], b_smem, 0);
+    for (int kt = 0; kt < k_tiles; ++kt) {
+      const int stage = kt % C::kStages;
+      const int following = kt + 1 < k_tiles ? (kt + 1) % C::kStages : stage;
+#pragma unroll
+      for (int ks = 0; ks < L::kSlices; ++ks) {
+        if (ks == L::kSlices - 1) {
+          mma::cp_async_wait<C::kStages - 2>();
+          __syncthreads();
+        }
+        const int from = ks == L::kSlices - 1 ? following : stage;
+        const int kk = (ks + 1) % L::kSlices * L::kMmaK;
+        load_a(a_frag[(ks + 1) % 2], a_smem + from * L::kAStage, kk);
+        load_b(b_frag[(ks + 1) % 2], b_smem + from * L::kBStage, kk);
+#pragma unroll
+        for (int mi = 0; mi < L::kMTiles; ++mi) {
+#pragma unroll
+          for (int ni = 0; ni < L::kNTiles; ++ni) {
+            MmaOp<T>::run(acc[mi][ni], a_frag[ks % 2][mi], b_frag[ks % 2][ni]);
+          }
+        }
+        if (ks == 0) {
+          const int ahead = kt + C::kStages - 1;
+          load_stage(ahead % C::kStages, ahead);
+          mma::cp_async_commit();
+        }
+      }
+    }
+  };
+  if (a_vec16 && b_vec16) {
+    mainloop(async_stage);
+  } else {
+    mainloop(mixed_stage);
+  }
+  mma::cp_async_wait<0>();
+  __syncthreads();  // the stages are reused below
+
+  // Epilogue, 16 rows of the warp tile at a time: the accumulator pairs C[g][2t, 2t + 1] and
+  // C[g + 8][2t, 2t + 1] of each 8-column tile go to shared memory in the output dtype, then each
+  // lane writes 16-byte chunks of whole rows.
+  E* const staged = reinterpret_cast<E*>(smem_vec) + warp * L::kEpiWarp;
+  E* const out = reinterpret_cast<E*>(g.c);
+  constexpr int kRowChunks = C::WN / L::kChunk;
+  const bool out_vec16 = g.N % L::kChunk == 0;  // g.c itself is 16-byte aligned (with_gemm)
+#pragma unroll
+  for (int mi = 0; mi < L::kMTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < L::kNTiles; ++ni) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        E* p = staged + (gq + 8 * h) * L::kEpiPitch + ni * 8 + 2 * tq;
+        const float x = acc[mi][ni][2 * h], y = acc[mi][ni][2 * h + 1];
+        if constexpr (L::kElem == 2) {
+          *reinterpret_cast<uint32_t*>(p) = MmaOp<T>::pack(x, y);
+        } else {
+          *reinterpret_cast<float2*>(p) = make_float2(x, y);
+        }
+      }
+    }
+    __syncwarp();
+#pragma unroll
+    for (int i = 0; i < 16 * kRowChunks / 32; ++i) {
+      const int c = lane + 32 * i, row = c / kRowChunks, col = c % kRowChunks * L::kChunk;
+      const int m = m0 + warp_m + mi * 16 + row, n = n0 + warp_n + col;
+      if (m < g.M && n < g.N) {
+        const E* from = staged + row * L::kEpiPitch + col;
+        E* to = out + int64_t(m) * g.N + n;
+        if (out_vec16 && n + L::kChunk <= g.N) {
+          *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
+        } else {
+          for (int e = 0; e < L::kChunk && n + e < g.N; ++e) to[e] = from[e];
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
+template <class C, typename G>
+void launch(const G& g) {
+  using L = Tiles<C, G>;
+  auto* kernel = tensor_core_kernel<C, G>;
+  allow_dynamic_smem(kernel, L::kSmemBytes);
+  kernel<<<tile_grid<C::BM, C::BN>(g), L::kThreads, L::kSmemBytes,
+           c10::cuda::getCurrentCUDAStream()>>>(g, g.a.aligned(16), g.b.aligned(16));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+void tensor_core(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_tensor_core", [&] {
+    with_gemm<scalar_t>(a, b, out, [&](auto g) {
+      using G = decltype(g);
+      const cudaDeviceProp& device = device_properties(c10::cuda::current_device());
+      const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
+      constexpr int kLarge = Tiles<LargeTiling, G>::kSmemBytes;
+      constexpr int kSmall = Tiles<SmallTiling, G>::kSmemBytes;
+      if (kLarge <= smem) {
+        launch<LargeTiling>(g);
+      } else {
+        TORCH_CHECK(kSmall <= smem, "mm_variants::matmul: tensor_core needs ", kSmall,
+                    " bytes of shared memory per block; ", device.name, " has ", smem);
+        launch<SmallTiling>(g);
+      }
+    });
+  });
+}
+
+bool sm80_or_newer(c10::Device device) {
+  const int count = c10::cuda::device_count();
+  if (count == 0) return false;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return index < count && device_properties(index).major >= 8;
+}
+
+bool tf32_allowed(const at::Tensor& a, const at::Tensor&) {
+  return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
+}
+
+MM_VARIANTS_REGISTER({"tensor_core", c10::kCUDA, 8, cuda_dtypes(), &tensor_core, &sm80_or_newer,
+                      &tf32_allowed,
+                      "float32 inputs run in TF32 on tensor cores only when "
+                      "torch.backends.cuda.matmul.allow_tf32 is True (or "
+                      "torch.set_float32_matmul_precision('high'))"});
+
+}  // namespace
+}  // namespace mm_variants::cuda

@@ -1,0 +1,378 @@
+// Rung 10, skinny: out = x @ w.t() for few rows of x (M <= 64, e.g. the tokens of LLM decode),
+// with w an nn.Linear weight [N, K] read in place.
+//
+// At small M the product is memory bound: every weight element is used M times, so the time is
+// the time to stream w once. The square-tile rungs stage 128-row tiles of A that are mostly
+// padding, and give each block a large tile of C, so N / 256 blocks leave most SMs idle while the
+// tensor cores multiply zeros. Here the roles are swapped and the tiles shrink to what M needs:
+// - w is the 16-row operand A of mma.m16n8k16 (m16n8k8 for float32) and the tokens of x are the
+//   8-column operand B, so no row is padding beyond M rounded up to 8. Each lane fetches its A
+//   and B fragments straight from global memory as 16-byte vectors: the reduction order over k
+//   is free, so lane (g, t) takes 8 consecutive k of w rows g and g + 8 and of token g, and
+//   those words are exactly the fragment registers. No shared-memory staging, no ldmatrix.
+// - A block owns 16 output columns (16 rows of w); its kWarps warps split K in interleaved steps.
+//   In a step a lane issues all its loads, weight and x alike, before it uses any: one memory
+//   round trip per step, and each SM keeps tens of KB of weight in flight. The loads are
+//   branch-free: rows past N and tokens past M read a valid row instead, and only feed outputs
+//   that are never stored. w streams past L1 (no_allocate) with a 256-byte L2 prefetch; x, read
+//   by every block, is cached. The warps' partial sums meet in shared memory and are added in a
+//   fixed order. When N is too small to give every SM a block, blocks also split K and a second
+//   pass adds their float partials in order: no atomics, bit-reproducible results.
+// - float32 runs in 3xTF32 (x = big + small, products big*big + big*small + small*big), as
+//   accurate as float32 FMAs here and still far below the memory time.
+// Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
+// small); w with another alignment is read element by element; a b that is not w.t()-shaped
+// (K-contiguous) is copied into that layout first.
+#include "common.cuh"
+#include "mma.cuh"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+namespace mm_variants::cuda {
+namespace {
+
+constexpr int kMaxM = 64;
+// The block shape: warps of a block, which split its K range in interleaved steps, and the
+// 16-byte vectors (weight and x together) that a lane holds in flight in one step: the register
+// budget of a step. MM_VARIANTS_SKINNY, predefined (e.g. by a pre-included header), overrides
+// them for a sweep.
+#ifndef MM_VARIANTS_SKINNY  // WARPS, VECTORS
+#define MM_VARIANTS_SKINNY 8, 12
+#endif
+constexpr int kShape[] = {MM_VARIANTS_SKINNY};
+constexpr int kWarps = kShape[0], kVectors = kShape[1];
+constexpr int kThreads = 32 * kWarps;
+constexpr int kRows = 16;  // output columns (rows of w) of a block
+constexpr int kMaxSplits = 16;
+
+// The k extent of a step for dtype T and TILES groups of 8 tokens. A chunk is the k covered by
+// one 16-byte vector on each of the four lanes of a fragment row; per chunk a lane loads two
+// weight vectors (rows g and g + 8) and one x vector per token tile, so more tokens leave room
+// for fewer chunks.
+template <typename T, int TILES>
+struct StepShape {
+  static constexpr int kVec = 16 / sizeof(T);
+  static constexpr int kChunk = 4 * kVec;
+  static constexpr int kChunks = std::max(1, kVectors / (2 + TILES));
+  static constexpr int kStep = kChunks * kChunk;
+};
+
+// The tensor-core product of one k slice for dtype T, on fragments given as raw 32-bit words.
+// A 16-bit word holds two elements; a float32 word is split into kTerms tf32 parts.
+template <typename T>
+struct SkinnyMma;
+
+template <>
+struct SkinnyMma<c10::Half> {
+  static constexpr int kTerms = 1;
+  __device__ static void split(uint32_t x, uint32_t (&parts)[1]) { parts[0] = x; }
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma::mma_m16n8k16_f16(d, a, b);
+  }
+};
+
+template <>
+struct SkinnyMma<c10::BFloat16> {
+  static constexpr int kTerms = 1;
+  __device__ static void split(uint32_t x, uint32_t (&parts)[1]) { parts[0] = x; }
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma::mma_m16n8k16_bf16(d, a, b);
+  }
+};
+
+template <>
+struct SkinnyMma<float> {
+  static constexpr int kTerms = 2;  // big and small: x = big + small to 22 bits
+  __device__ static void split(uint32_t x, uint32_t (&parts)[2]) {
+    parts[0] = mma::round_to_tf32(x);
+    parts[1] = mma::round_to_tf32(
+        __float_as_uint(__uint_as_float(x) - __uint_as_float(parts[0])));
+  }
+  __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    mma::mma_m16n8k8_tf32(d, a, b);
+  }
+};
+
+// Elements are moved as raw bits; only the MMA knows the dtype.
+template <typename T>
+using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
+
+// One 16-byte load that bypasses L1 and asks L2 to fetch the surrounding 256 bytes: for the
+// weight, which every block reads once.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// The 16 bytes of a row starting at p, of which `left` elements lie inside the matrix: one vector
+// load when VECTOR (p is 16-byte aligned) and all are inside, else element by element with zeros
+// past the end.
+template <bool VECTOR, bool STREAMING, typename E>
+__device__ __forceinline__ uint4 load_row(const E* p, int left) {
+  constexpr int kVec = 16 / sizeof(E);
+  if (VECTOR && left >= kVec) {
+    return STREAMING ? load_streaming(p) : __ldg(reinterpret_cast<const uint4*>(p));
+  }
+  Vec<E, kVec> v;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v.v[e] = e < left ? p[e] : E(0);
+  return *reinterpret_cast<const uint4*>(&v);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+template <typename T>
+struct SkinnyProblem {
+  const T* w;  // w[n][k] at w[n * ldw + k]
+  int64_t ldw;
+  const T* x;  // x[m][k] at x[m * ldx + k]; rows 16-byte aligned
+  int64_t ldx;
+  T* out;          // [M][N], contiguous
+  float* partial;  // [gridDim.y][M][N] when blocks split K, else null
+  int M, N, K;
+  int k_per_block;
+};
+
+// Block (blockIdx.x, blockIdx.y) computes out[:, 16 bx : 16 bx + 16] over its K range; TILES
+// groups of 8 tokens cover M. W_VECTOR: w's pointer and leading dimension are 16-byte aligned.
+template <typename T, int TILES, bool W_VECTOR>
+__global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(SkinnyProblem<T> p) {
+  using E = Bits<T>;
+  using Op = SkinnyMma<T>;
+  using Shape = StepShape<T, TILES>;
+  constexpr int kVec = Shape::kVec, kChunk = Shape::kChunk, kChunks = Shape::kChunks;
+  constexpr int kStep = Shape::kStep;
+  constexpr int kTerms = Op::kTerms;
+  constexpr int kPitch = kRows + 4;  // conflict-free stores of the accumulators below
+
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int n0 = blockIdx.x * kRows;
+  const int k_begin = blockIdx.y * p.k_per_block;
+  const int k_end =
+      static_cast<int>(min(static_cast<int64_t>(p.K), int64_t(k_begin) + p.k_per_block));
+
+  // This lane reads w rows n0 + g and n0 + g + 8, and token 8 j + g of each tile j. A row past N
+  // (a token past M) reads the last one instead: row r of the A operand (column c of B) only
+  // reaches row r (column c) of the product, outputs that are never stored, so the loads need
+  // no predicate.
+  const E* w_row[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int n = min(n0 + g + 8 * h, p.N - 1);
+    w_row[h] = reinterpret_cast<const E*>(p.w) + n * p.ldw + t * kVec;
+  }
+  const E* x_row[TILES];
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    const int m = min(8 * j + g, p.M - 1);
+    x_row[j] = reinterpret_cast<const E*>(p.x) + m * p.ldx + t * kVec;
+  }
+
+  float acc[TILES][4] = {};
+
+  // One step: k0 .. k0 + kStep; FULL when all of it lies before k_end. Past k_end both operands
+  // read as zeros (load_row), so the products there vanish.
+  const auto step = [&](int k0, auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    uint4 wv[kChunks][2], xv[kChunks][TILES];
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int k = k0 + c * kChunk, left = kFull ? kVec : k_end - k - t * kVec;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) xv[c][j] = load_row<true, false>(x_row[j] + k, left);
+    }
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      // Two MMA k slices per chunk: slice s takes words 2s and 2s + 1 of each vector.
+      uint32_t a[2][kTerms][4];
+#pragma unroll
+      for (int s = 0; s < 2; ++s) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {  // a0: row g, a1: row g + 8, a2 / a3: their next word
+          uint32_t parts[kTerms];
+          Op::split(word(wv[c][q % 2], 2 * s + q / 2), parts);
+#pragma unroll
+          for (int i = 0; i < kTerms; ++i) a[s][i][q] = parts[i];
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) {
+        if (8 * j >= p.M) break;  // a tile past M: warp-uniform
+#pragma unroll
+        for (int s = 0; s < 2; ++s) {
+          uint32_t b[kTerms][2];
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            uint32_t parts[kTerms];
+            Op::split(word(xv[c][j], 2 * s + q), parts);
+#pragma unroll
+            for (int i = 0; i < kTerms; ++i) b[i][q] = parts[i];
+          }
+          // Small terms first; the product of the two small parts is below float32 rounding.
+#pragma unroll
+          for (int ia = kTerms - 1; ia >= 0; --ia) {
+#pragma unroll
+            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) Op::run(acc[j], a[s][ia], b[ib]);
+          }
+        }
+      }
+    }
+  };
+
+  int64_t k0 = k_begin + warp * kStep;  // 64-bit: the last increment may pass 2^31
+  for (; k0 + kStep <= k_end; k0 += kWarps * kStep) step(static_cast<int>(k0), std::true_type{});
+  if (k0 < k_end) step(static_cast<int>(k0), std::false_type{});
+
+  // The warps' sums meet in shared memory as [token][row]; each thread then adds the kWarps
+  // values of some outputs in warp order and stores them, consecutive threads along n.
+  __shared__ float sums[kWarps][TILES * 8][kPitch];
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) sums[warp][8 * j + 2 * t + q % 2][g + 8 * (q / 2)] = acc[j][q];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < TILES * 8 * kRows; e += kThreads) {
+    const int m = e / kRows, n = n0 + e % kRows;
+    if (m >= p.M || n >= p.N) continue;
+    float sum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) sum += sums[w][m][e % kRows];
+    const int64_t at = static_cast<int64_t>(m) * p.N + n;
+    if (p.partial != nullptr) {
+      p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
+    } else {
+      p.out[at] = static_cast<T>(sum);
+    }
+  }
+}
+
+// out = the sum of the `splits` partial products, added in split order.
+template <typename T>
+__global__ void sum_splits_kernel(const float* partial, T* out, int64_t count, int splits) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
+    out[i] = static_cast<T>(sum);
+  }
+}
+
+// Whether `ld` and `ptr` allow 16-byte loads of T rows.
+template <typename T>
+bool rows_aligned(const void* ptr, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
+}
+
+// Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
+// K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
+template <typename T, int TILES>
+void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
+                   at::Tensor& out) {
+  constexpr int kStep = StepShape<T, TILES>::kStep;
+  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int blocks = static_cast<int>(ceil_div(N, kRows));
+  const cudaDeviceProp& device = device_properties(c10::cuda::current_device());
+  // About two blocks per SM, while every warp keeps at least one step of each block's range.
+  int splits = 1;
+  if (blocks < device.multiProcessorCount) {
+    const int64_t steps_per_warp = K / (static_cast<int64_t>(kStep) * kWarps);
+    splits = static_cast<int>(std::min<int64_t>(
+        {ceil_div(2 * device.multiProcessorCount, blocks), steps_per_warp, kMaxSplits}));
+    splits = std::max(splits, 1);
+  }
+  const int64_t k_per_block = ceil_div(ceil_div(K, splits), kStep) * static_cast<int64_t>(kStep);
+  splits = static_cast<int>(ceil_div(K, k_per_block));
+  at::Tensor partial;
+  if (splits > 1) partial = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
+
+  const SkinnyProblem<T> problem{
+      static_cast<const T*>(w.data_ptr()), ldw, static_cast<const T*>(x.data_ptr()), ldx,
+      static_cast<T*>(out.data_ptr()), splits > 1 ? partial.data_ptr<float>() : nullptr,
+      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
+      static_cast<int>(std::min<int64_t>(k_per_block, INT_MAX))};
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  dispatch_bools(
+      [&](auto w_vector) {
+        skinny_kernel<T, TILES, decltype(w_vector)::value>
+            <<<dim3(blocks, splits), kThreads, 0, stream>>>(problem);
+        C10_CUDA_KERNEL_LAUNCH_CHECK();
+      },
+      rows_aligned<T>(w.data_ptr(), ldw));
+  if (splits > 1) {
+    const int64_t count = M * N;
+    const int grid = static_cast<int>(std::min<int64_t>(ceil_div(count, 256), 4 * 1024));
+    sum_splits_kernel<T><<<grid, 256, 0, stream>>>(partial.data_ptr<float>(),
+                                                   static_cast<T*>(out.data_ptr()), count, splits);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+}
+
+template <typename T>
+void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "mm_variants::matmul: skinny takes N and K below 2^31,"
+              " got ", M, "x", K, " and ", K, "x", N);
+
+  // x = a with K-contiguous, 16-byte aligned rows (a single row needs no leading dimension);
+  // otherwise a copy with padded rows, which costs little next to the weight.
+  at::Tensor x = a;
+  int64_t ldx = M == 1 ? 0 : a.stride(0);
+  if (!((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ldx))) {
+    const int64_t padded = (K + kVec - 1) / kVec * kVec;
+    x = at::empty({M, padded}, a.options()).narrow(1, 0, K);
+    x.copy_(a);
+    ldx = padded;
+  }
+  // w = b.t(), [N, K], K-contiguous: the nn.Linear weight read in place. Other layouts of b are
+  // copied into it first.
+  at::Tensor w = b.t();
+  if (!(w.stride(1) == 1 || K == 1)) w = w.contiguous();
+  const int64_t ldw = N == 1 ? 0 : w.stride(0);
+
+  if (M <= 8) {
+    launch_skinny<T, 1>(x, ldx, w, ldw, out);
+  } else if (M <= 16) {
+    launch_skinny<T, 2>(x, ldx, w, ldw, out);
+  } else if (M <= 32) {
+    launch_skinny<T, 4>(x, ldx, w, ldw, out);
+  } else {
+    launch_skinny<T, 8>(x, ldx, w, ldw, out);
+  }
+}
+
+void skinny(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_skinny",
+                                   [&] { skinny_typed<scalar_t>(a, b, out); });
+}
+
+// mma.sync with bf16 and tf32 needs sm_80.
+bool has_mma_sm80(c10::Device device) {
+  const int count = c10::cuda::device_count();
+  if (count == 0) return false;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return index < count && device_properties(index).major >= 8;
+}
+
+bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxM; }
+
+MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &has_mma_sm80,
+                      &few_rows,
+                      "skinny is for few rows of a (LLM decode): it takes M <= 64; use another "
+                      "algorithm (or 'auto') for larger M"});
+
+}  // namespace
+}  // namespace mm_variants::cuda

@@ -1,0 +1,60 @@
+// The CUDA tuner behind the measured mode of algorithm="auto" (auto.h): times each candidate
+// kernel on the real inputs with CUDA events on the current stream.
+#include "../auto.h"
+#include "common.cuh"
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGraphsC10Utils.h>
+
+#include <cstring>
+#include <string>
+
+namespace mm_variants::cuda {
+namespace {
+
+constexpr int kTimedRuns = 5;
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    C10_CUDA_CHECK(cudaEventCreate(&start));
+    C10_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
+std::vector<double> time_on_gpu(const std::vector<const Algorithm*>& candidates,
+                                const at::Tensor& a, const at::Tensor& b) {
+  // Timing synchronizes, which graph capture forbids: report "not now" instead.
+  if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
+    return {};
+  }
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
+  EventPair events;
+  std::vector<double> ms;
+  for (const Algorithm* algorithm : candidates) {
+    algorithm->run(a, b, out);  // warm-up: module load, shared-memory opt-in
+    C10_CUDA_CHECK(cudaEventRecord(events.start, stream));
+    for (int i = 0; i < kTimedRuns; ++i) algorithm->run(a, b, out);
+    C10_CUDA_CHECK(cudaEventRecord(events.stop, stream));
+    C10_CUDA_CHECK(cudaEventSynchronize(events.stop));
+    float elapsed = 0;
+    C10_CUDA_CHECK(cudaEventElapsedTime(&elapsed, events.start, events.stop));
+    ms.push_back(elapsed / kTimedRuns);
+  }
+  return ms;
+}
+
+std::string gpu_name(c10::Device device) {
+  const cudaDeviceProp& properties = device_properties(device.index());
+  return std::string(properties.name, strnlen(properties.name, sizeof(properties.name)));
+}
+
+const bool registered = (register_device_tuner(c10::kCUDA, {&time_on_gpu, &gpu_name}), true);
+
+}  // namespace
+}  // namespace mm_variants::cuda

@@ -1,0 +1,121 @@
+// PTX wrappers for the sm_80+ tensor-core path: asynchronous global->shared copies (cp.async),
+// shared->register fragment loads (ldmatrix) and warp-level MMAs (mma.sync), plus the padding rule
+// that keeps the shared-memory tiles free of bank conflicts. Each wrapper is one instruction.
+//
+// Fragment layouts follow the PTX ISA ("Matrix Fragments for mma.m16n8k16 / m16n8k8"): with
+// g = lane / 4 and t = lane % 4, an A fragment holds rows {g, g + 8} and a B fragment column g,
+// and the accumulator holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1].
+#pragma once
+
+#include <cstdint>
+
+namespace mm_variants::cuda::mma {
+
+// The 32-bit shared-state-space address that cp.async and ldmatrix take.
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// ---------------------------------------------------------------------------------------------
+// cp.async: global -> shared without staging through registers (sm_80+).
+
+// Copies `src_bytes` (0..16) bytes from `src` and zero-fills the rest of the 16-byte destination.
+// With src_bytes == 0 nothing is read, which makes it the predicated load of tile edges; `src`
+// must still be a valid address, so callers pass the operand's base pointer there.
+// Both addresses must be 16-byte aligned. .cg caches in L2 only: the tile is reused from shared.
+__device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+
+// Closes the group of cp.async issued since the last commit; groups complete in order.
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Waits until at most `kPending` of this thread's committed groups are still in flight. Other
+// threads' copies become visible only after a barrier that follows the wait.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// ldmatrix: four 8x8 matrices of 16-bit elements from shared memory into one register each.
+// Lanes 8j .. 8j + 7 give the addresses of the eight 16-byte rows of matrix j. Without .trans,
+// lane l receives row l / 4, elements 2(l % 4) and 2(l % 4) + 1 of each matrix; with .trans it
+// receives column l / 4, rows 2(l % 4) and 2(l % 4) + 1, i.e. the fragment of the transposed
+// matrix. For 32-bit data a "row" is four floats and lane l receives element l % 4 of row l / 4,
+// which is exactly the tf32 fragment; there is no 32-bit .trans.
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+// ---------------------------------------------------------------------------------------------
+// mma.sync: D = A * B + D for one warp, A row-major 16 x K, B column-major K x 8, D float 16 x 8.
+
+__device__ __forceinline__ void mma_m16n8k16_f16(float (&d)[4], const uint32_t (&a)[4],
+                                                 const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+__device__ __forceinline__ void mma_m16n8k16_bf16(float (&d)[4], const uint32_t (&a)[4],
+                                                  const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// TF32 operands are 32-bit registers whose low 13 mantissa bits the tensor core ignores.
+__device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (&a)[4],
+                                                 const uint32_t (&b)[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Rounds a float (given as its bits) to the nearest tf32, ties away from zero, rather than
+// letting the tensor core truncate it.
+__device__ __forceinline__ uint32_t round_to_tf32(uint32_t x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Bank-conflict-free shared tiles by padding.
+//
+// Shared memory serves 128 bytes per cycle in 32 four-byte banks. ldmatrix reads eight 16-byte
+// rows per matrix: they fall in distinct bank groups when the row pitch is an odd multiple of
+// 16 bytes, so a tile read by ldmatrix gets one 16-byte chunk of padding per row. A 32-bit tile
+// stored K-outer (element (k, x) at k * pitch + x) is read by scalar loads at k = t, x = g
+// (t < 4, g < 8): those hit 32 distinct banks when the pitch is 8 words modulo 32, so it gets
+// eight words of padding. Rows stay 16-byte aligned for cp.async either way.
+constexpr int padded_pitch(int inner_elems, int elem_bytes, bool read_by_ldmatrix) {
+  return inner_elems + (read_by_ldmatrix ? 16 / elem_bytes : 8);
+}
+
+constexpr bool conflict_free_pitch(int pitch_elems, int elem_bytes, bool read_by_ldmatrix) {
+  return read_by_ldmatrix ? (pitch_elems * elem_bytes) % 32 == 16
+                          : elem_bytes == 4 && pitch_elems % 32 == 8;
+}
+
+}  // namespace mm_variants::cuda::mma
