@@ -421,7 +421,7 @@ void tensor_core(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_tensor_core", [&] {
     with_gemm<scalar_t>(a, b, out, [&](auto g) {
       using G = decltype(g);
-      const cudaDeviceProp& device = device_properties(c10::cuda::current_device());
+      const DeviceInfo& device = device_properties(c10::cuda::current_device());
       const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
       constexpr int kLarge = Tiles<LargeTiling, G>::kSmemBytes;
       constexpr int kSmall = Tiles<SmallTiling, G>::kSmemBytes;

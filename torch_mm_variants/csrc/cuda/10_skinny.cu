@@ -284,7 +284,7 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   constexpr int kStep = StepShape<T, TILES>::kStep;
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const int blocks = static_cast<int>(ceil_div(N, kRows));
-  const cudaDeviceProp& device = device_properties(c10::cuda::current_device());
+  const DeviceInfo& device = device_properties(c10::cuda::current_device());
   // About two blocks per SM, while every warp keeps at least one step of each block's range.
   int splits = 1;
   if (blocks < device.multiProcessorCount) {

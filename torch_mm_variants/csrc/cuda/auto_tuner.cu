@@ -6,7 +6,6 @@
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
 
-#include <cstring>
 #include <string>
 
 namespace mm_variants::cuda {
@@ -49,10 +48,7 @@ std::vector<double> time_on_gpu(const std::vector<const Algorithm*>& candidates,
   return ms;
 }
 
-std::string gpu_name(c10::Device device) {
-  const cudaDeviceProp& properties = device_properties(device.index());
-  return std::string(properties.name, strnlen(properties.name, sizeof(properties.name)));
-}
+std::string gpu_name(c10::Device device) { return device_properties(device.index()).name; }
 
 const bool registered = (register_device_tuner(c10::kCUDA, {&time_on_gpu, &gpu_name}), true);
 

@@ -13,10 +13,12 @@
 #include <c10/cuda/CUDAFunctions.h>
 
 #include <climits>
+#include <cstring>
 #include <memory>
 #include <cstdint>
 #include <mutex>
 #include <set>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -194,20 +196,40 @@ void allow_dynamic_smem(Kernel* kernel, int bytes) {
   done.insert(key);
 }
 
-// Properties of CUDA device `index`, read once per device. The CUDA sources use c10/cuda and
-// this instead of ATen/cuda/CUDAContext.h, whose cuBLAS/cuSPARSE includes would keep them from
-// compiling against a CPU-only torch (the compile check in CI).
-inline const cudaDeviceProp& device_properties(int index) {
+// What the kernels need to know about a CUDA device, read once per device. Numbers come from
+// cudaDeviceGetAttribute. The CUDA sources use this instead of ATen/cuda/CUDAContext.h, whose
+// cuBLAS/cuSPARSE includes would keep them from compiling against a CPU-only torch (CI).
+struct DeviceInfo {
+  int major = 0, minor = 0, multiProcessorCount = 0;
+  size_t sharedMemPerBlockOptin = 0;
+  std::string name;
+};
+
+inline DeviceInfo read_device_info(int index) {
+  DeviceInfo info;
+  int smem = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.major, cudaDevAttrComputeCapabilityMajor, index));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&info.minor, cudaDevAttrComputeCapabilityMinor, index));
+  C10_CUDA_CHECK(
+      cudaDeviceGetAttribute(&info.multiProcessorCount, cudaDevAttrMultiProcessorCount, index));
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, index));
+  info.sharedMemPerBlockOptin = static_cast<size_t>(smem);
+  // The name is only in cudaDeviceProp. A runtime newer than these headers may fill a larger
+  // struct than the one compiled here, so it gets a buffer with room to spare.
+  std::vector<unsigned char> buffer(4 * sizeof(cudaDeviceProp) + 4096);
+  auto* properties = reinterpret_cast<cudaDeviceProp*>(buffer.data());
+  C10_CUDA_CHECK(cudaGetDeviceProperties(properties, index));
+  info.name.assign(properties->name, strnlen(properties->name, sizeof(properties->name)));
+  return info;
+}
+
+inline const DeviceInfo& device_properties(int index) {
   static std::mutex mutex;
-  static std::vector<std::unique_ptr<cudaDeviceProp>> cache(c10::cuda::device_count());
+  static std::vector<std::unique_ptr<DeviceInfo>> cache(c10::cuda::device_count());
   TORCH_CHECK(index >= 0 && index < static_cast<int>(cache.size()), "mm_variants: no CUDA device ",
               index);
   const std::lock_guard<std::mutex> lock(mutex);
-  if (!cache[index]) {
-    auto properties = std::make_unique<cudaDeviceProp>();
-    C10_CUDA_CHECK(cudaGetDeviceProperties(properties.get(), index));
-    cache[index] = std::move(properties);
-  }
+  if (!cache[index]) cache[index] = std::make_unique<DeviceInfo>(read_device_info(index));
   return *cache[index];
 }
 
