@@ -5,6 +5,7 @@ otherwise the extension is CPU-only and every CUDA registration (which lives onl
 is simply absent. The CUDA arch list defaults to sm_80 plus sm_90a and is overridden by
 TORCH_CUDA_ARCH_LIST.
 """
+import ctypes.util
 import glob
 import os
 
@@ -27,13 +28,24 @@ def sources(pattern: str) -> list[str]:
     return sorted(glob.glob(os.path.join(CSRC, pattern), recursive=True))
 
 
+def link_flags() -> list[str]:
+    """OpenMP for at::parallel_for, and the shared C++ runtime linked by name and first. A
+    compiler that links libstdc++ statically by default would give the extension a second copy
+    beside torch's, and that copy's streams (used by every TORCH_CHECK message) crash."""
+    flags = ["-fopenmp"]
+    shared_cxx_runtime = ctypes.util.find_library("stdc++")  # e.g. libstdc++.so.6
+    if shared_cxx_runtime:
+        flags += ["-Wl,--push-state,--no-as-needed", f"-l:{shared_cxx_runtime}", "-Wl,--pop-state"]
+    return flags
+
+
 def extension():
     cxx_flags = ["-O3", "-ffp-contract=fast", "-fopenmp"]
     cpp_sources = sources("**/*.cpp")
     if not want_cuda():
         return CppExtension(
             f"{PACKAGE}._C", cpp_sources,
-            extra_compile_args={"cxx": cxx_flags}, extra_link_args=["-fopenmp"])
+            extra_compile_args={"cxx": cxx_flags}, extra_link_args=link_flags())
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
     nvcc_flags = ["-O3", "--expt-relaxed-constexpr", "-lineinfo",
                   "-Xptxas=-warn-spills"]
@@ -41,7 +53,7 @@ def extension():
         f"{PACKAGE}._C", cpp_sources + sources("**/*.cu"),
         extra_compile_args={"cxx": cxx_flags + ["-DMM_VARIANTS_WITH_CUDA"],
                             "nvcc": nvcc_flags + ["-DMM_VARIANTS_WITH_CUDA"]},
-        extra_link_args=["-fopenmp"])
+        extra_link_args=link_flags())
 
 
 setup(
