@@ -16,10 +16,7 @@ struct Coalescing {
     std::vector<acc_t<T>> row(b.cols);
     for (int64_t i = 0; i < a.rows; ++i) {
       std::fill(row.begin(), row.end(), acc_t<T>(0));
-      for (int64_t p = 0; p < a.cols; ++p) {
-        const acc_t<T> a_ip = a(i, p);
-        for (int64_t j = 0; j < b.cols; ++j) row[j] += a_ip * static_cast<acc_t<T>>(b(p, j));
-      }
+      for (int64_t p = 0; p < a.cols; ++p) add_scaled_row(row.data(), acc_t<T>(a(i, p)), b, p, 0, b.cols);
       for (int64_t j = 0; j < b.cols; ++j) out(i, j) = static_cast<T>(row[j]);
     }
   }

@@ -26,16 +26,12 @@ struct Tiled {
                         j1 = std::min(j0 + kTileN, n);
           for (int64_t i = i0; i < i1; ++i) {
             acc_t<T>* acc_row = &acc[i * n];
-            for (int64_t p = p0; p < p1; ++p) {
-              const acc_t<T> a_ip = a(i, p);
-              for (int64_t j = j0; j < j1; ++j) acc_row[j] += a_ip * static_cast<acc_t<T>>(b(p, j));
-            }
+            for (int64_t p = p0; p < p1; ++p) add_scaled_row(acc_row, acc_t<T>(a(i, p)), b, p, j0, j1);
           }
         }
       }
     }
-    for (int64_t i = 0; i < m; ++i)
-      for (int64_t j = 0; j < n; ++j) out(i, j) = static_cast<T>(acc[i * n + j]);
+    store_sums(acc, out);
   }
 };
 

@@ -1,11 +1,12 @@
-// Rung 4, tiled_register: register blocking. Each step computes a kRows x kCols block of the
-// output held in local accumulators (registers), over the full depth K.
+// Rung 4, tiled_register: register blocking inside the cache tiles of rung 3. Each step computes
+// a kRows x kCols block of the output in local accumulators (registers) over a kDepth-deep slice
+// of K, then adds it to the partial sums.
 //
-// Rungs 2-3 load and store every partial sum of the output once per k. Here a block of
-// kRows x kCols sums stays in registers for the whole k loop: each k step loads kRows values of
-// A and kCols values of B and does kRows * kCols multiply-adds, so arithmetic per memory access
-// grows from 1 to kRows * kCols / (kRows + kCols). Edge blocks take the same code with run-time
-// bounds.
+// Rungs 2-3 load and store every partial sum once per k. Here the block's kRows x kCols sums stay
+// in registers for the whole slice: each k step loads kRows values of A and kCols values of B for
+// kRows * kCols multiply-adds. The slice keeps the kDepth x kCols strip of B that a column of
+// blocks shares small enough for the L1 cache, so it is read from memory once per slice. Edge
+// blocks take the same code with run-time bounds.
 #include "common.h"
 
 #include <algorithm>
@@ -13,19 +14,21 @@
 namespace mm_variants::cpu {
 namespace {
 
-constexpr int kRows = 4, kCols = 8;
+constexpr int kRows = 4, kCols = 8;  // 32 accumulators: the 16 SSE registers of any x86-64
+constexpr int64_t kDepth = 256;
 
 // kFull: a whole kRows x kCols block (compile-time bounds); kUnitStride: B's rows are contiguous,
 // so the compiler sees plain vector loads instead of a strided gather. The unrolled c loops are
 // vectorized across the block's columns (SLP); vectorizing the k loop instead would turn every
 // load of B into a gather, so that is switched off here.
 template <typename T, bool kFull, bool kUnitStride>
-__attribute__((optimize("no-tree-loop-vectorize"))) void register_block(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out,
-                    int64_t i0, int64_t j0, int rows, int cols) {
+__attribute__((optimize("no-tree-loop-vectorize"))) void register_block(
+    MatrixView<const T> a, MatrixView<const T> b, acc_t<T>* sums, int64_t ld_sums, int64_t i0,
+    int64_t j0, int64_t p0, int64_t p1, int rows, int cols) {
   using A = acc_t<T>;
   if constexpr (kFull) rows = kRows, cols = kCols;
   A acc[kRows][kCols] = {};
-  for (int64_t p = 0; p < a.cols; ++p) {
+  for (int64_t p = p0; p < p1; ++p) {
     A b_row[kCols];
     const T* b_p = &b(p, j0);
     const int64_t step = kUnitStride ? 1 : b.col_stride;
@@ -39,26 +42,32 @@ __attribute__((optimize("no-tree-loop-vectorize"))) void register_block(MatrixVi
     }
   }
   for (int r = 0; r < rows; ++r)
-    for (int c = 0; c < cols; ++c) out(i0 + r, j0 + c) = static_cast<T>(acc[r][c]);
+    for (int c = 0; c < cols; ++c) sums[(i0 + r) * ld_sums + j0 + c] += acc[r][c];
 }
 
 struct TiledRegister {
   template <typename T>
   static void run(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out) {
-    for (int64_t i0 = 0; i0 < a.rows; i0 += kRows) {
-      for (int64_t j0 = 0; j0 < b.cols; j0 += kCols) {
-        const int rows = static_cast<int>(std::min<int64_t>(kRows, a.rows - i0));
-        const int cols = static_cast<int>(std::min<int64_t>(kCols, b.cols - j0));
-        const bool full = rows == kRows && cols == kCols;
-        if (full && b.col_stride == 1) {
-          register_block<T, true, true>(a, b, out, i0, j0, rows, cols);
-        } else if (full) {
-          register_block<T, true, false>(a, b, out, i0, j0, rows, cols);
-        } else {
-          register_block<T, false, false>(a, b, out, i0, j0, rows, cols);
+    const int64_t m = a.rows, k = a.cols, n = b.cols;
+    std::vector<acc_t<T>> sums(m * n, acc_t<T>(0));
+    for (int64_t p0 = 0; p0 < k; p0 += kDepth) {
+      const int64_t p1 = std::min(p0 + kDepth, k);
+      for (int64_t j0 = 0; j0 < n; j0 += kCols) {
+        const int cols = static_cast<int>(std::min<int64_t>(kCols, n - j0));
+        for (int64_t i0 = 0; i0 < m; i0 += kRows) {
+          const int rows = static_cast<int>(std::min<int64_t>(kRows, m - i0));
+          const bool full = rows == kRows && cols == kCols;
+          if (full && b.col_stride == 1) {
+            register_block<T, true, true>(a, b, sums.data(), n, i0, j0, p0, p1, rows, cols);
+          } else if (full) {
+            register_block<T, true, false>(a, b, sums.data(), n, i0, j0, p0, p1, rows, cols);
+          } else {
+            register_block<T, false, false>(a, b, sums.data(), n, i0, j0, p0, p1, rows, cols);
+          }
         }
       }
     }
+    store_sums(sums, out);
   }
 };
 

@@ -32,6 +32,26 @@ MatrixView<T> view_of(const at::Tensor& t) {
 template <typename T>
 using acc_t = at::opmath_type<T>;
 
+// row[j] += scale * b(p, j) for j in [j0, j1): the streaming inner loop of rungs 2 and 3. The
+// unit-stride case gets its own loop, which the compiler vectorizes.
+template <typename T>
+inline void add_scaled_row(acc_t<T>* row, acc_t<T> scale, MatrixView<const T> b, int64_t p,
+                           int64_t j0, int64_t j1) {
+  const T* b_row = &b(p, 0);
+  if (b.col_stride == 1) {
+    for (int64_t j = j0; j < j1; ++j) row[j] += scale * static_cast<acc_t<T>>(b_row[j]);
+  } else {
+    for (int64_t j = j0; j < j1; ++j) row[j] += scale * static_cast<acc_t<T>>(b_row[j * b.col_stride]);
+  }
+}
+
+// Writes row-major partial sums into `out`, rounding each to T once, at the end.
+template <typename T>
+void store_sums(const std::vector<acc_t<T>>& sums, MatrixView<T> out) {
+  for (int64_t i = 0; i < out.rows; ++i)
+    for (int64_t j = 0; j < out.cols; ++j) out(i, j) = static_cast<T>(sums[i * out.cols + j]);
+}
+
 inline std::vector<c10::ScalarType> cpu_dtypes() {
   return {at::kFloat, at::kHalf, at::kBFloat16, at::kDouble};
 }
