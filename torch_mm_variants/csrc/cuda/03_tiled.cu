@@ -24,11 +24,7 @@ __global__ void __launch_bounds__(TILE * TILE) tiled_kernel(G g) {
   const int row = threadIdx.x / TILE, col = threadIdx.x % TILE;
   float acc = 0.0f;
   for (int k0 = 0; k0 < g.K; k0 += TILE) {
-    load_a.load(g.a, tile.x, k0, g.M, g.K);
-    load_b.load(g.b, tile.y, k0, g.N, g.K);
-    load_a.store(a_tile);
-    load_b.store(b_tile);
-    __syncthreads();
+    stage_tiles(load_a, load_b, g, tile, k0, a_tile, b_tile);
 #pragma unroll
     for (int k = 0; k < TILE; ++k) acc = fmaf(a_tile[row * kLds + k], b_tile[k * kLds + col], acc);
     __syncthreads();

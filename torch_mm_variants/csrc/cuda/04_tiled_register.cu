@@ -24,11 +24,7 @@ __global__ void __launch_bounds__(BM * BN / TM) tiled_register_kernel(G g) {
   const int row0 = threadIdx.x / BN * TM, col = threadIdx.x % BN;
   float acc[TM] = {};
   for (int k0 = 0; k0 < g.K; k0 += BK) {
-    load_a.load(g.a, tile.x, k0, g.M, g.K);
-    load_b.load(g.b, tile.y, k0, g.N, g.K);
-    load_a.store(a_tile);
-    load_b.store(b_tile);
-    __syncthreads();
+    stage_tiles(load_a, load_b, g, tile, k0, a_tile, b_tile);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
       const float b = b_tile[k * kLdb + col];

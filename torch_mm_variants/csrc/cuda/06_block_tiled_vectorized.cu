@@ -28,11 +28,7 @@ __global__ void __launch_bounds__(BM / TM * (BN / TN)) block_tiled_vectorized_ke
   float acc[TM][TN] = {};
   float a_frag[TM], b_frag[TN];
   for (int k0 = 0; k0 < g.K; k0 += BK) {
-    load_a.load(g.a, tile.x, k0, g.M, g.K);
-    load_b.load(g.b, tile.y, k0, g.N, g.K);
-    load_a.store(a_tile);
-    load_b.store(b_tile);
-    __syncthreads();
+    stage_tiles(load_a, load_b, g, tile, k0, a_tile, b_tile);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {
 #pragma unroll

@@ -346,6 +346,18 @@ struct TileLoader {
   }
 };
 
+// The single-stage step of rungs 3-6: copies the block's A and B tiles for k0 into shared
+// memory and waits until the whole block has stored them.
+template <class LoaderA, class LoaderB, class G>
+__device__ __forceinline__ void stage_tiles(LoaderA& load_a, LoaderB& load_b, const G& g,
+                                            int2 tile, int k0, float* a_tile, float* b_tile) {
+  load_a.load(g.a, tile.x, k0, g.M, g.K);
+  load_b.load(g.b, tile.y, k0, g.N, g.K);
+  load_a.store(a_tile);
+  load_b.store(b_tile);
+  __syncthreads();
+}
+
 // Four consecutive floats of 16-byte aligned shared memory in one 128-bit load.
 __device__ __forceinline__ void load4(float* dst, const float* src) {
   const float4 v = *reinterpret_cast<const float4*>(src);
