@@ -14,8 +14,8 @@ from .nn import Linear, swap_linear
 from .tuning import PACKAGE_VERSION as __version__
 from .tuning import explain_auto, set_autotune
 
-__all__ = ["matmul", "algorithms", "auto_choice", "explain_auto", "set_autotune", "has_cuda",
-           "Linear", "swap_linear"]
+__all__ = ["matmul", "linear", "algorithms", "auto_choice", "explain_auto", "set_autotune",
+           "has_cuda", "Linear", "swap_linear"]
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
@@ -27,6 +27,17 @@ def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.T
     Differentiable, and traceable by torch.compile without graph breaks.
     """
     return torch.ops.mm_variants.matmul(a, b, algorithm)
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           activation: str = "none", algorithm: str = "auto") -> torch.Tensor:
+    """activation(x @ weight.t() + bias) for x [..., K] and an nn.Linear weight [N, K].
+
+    activation: "none", "relu", "gelu" (erf), "gelu_tanh" or "silu". Kernels that can fuse the
+    bias and activation into their store do (the CPU's simd_packed and parallel); elsewhere
+    they are applied to the fresh output in place. Differentiable and traceable like matmul.
+    """
+    return torch.ops.mm_variants.linear(x, weight, bias, activation, algorithm)
 
 
 def algorithms(device: str | torch.device = "cpu") -> list[str]:

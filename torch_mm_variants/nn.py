@@ -10,23 +10,25 @@ class Linear(nn.Linear):
 
     Same parameters and state dict as nn.Linear (weight [out_features, in_features], optional
     bias), so checkpoints load unchanged. The input may have any number of leading batch
-    dimensions. The weight is read in place as weight.t(): no transposed copy is made.
+    dimensions. The weight is read in place as weight.t(): no transposed copy is made. An
+    optional activation ("relu", "gelu", "gelu_tanh", "silu") is applied with the bias, fused
+    into the kernel where the kernel supports it (mm_variants::linear).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
-                 device=None, dtype=None, algorithm: str = "auto") -> None:
+                 device=None, dtype=None, algorithm: str = "auto",
+                 activation: str = "none") -> None:
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.algorithm = algorithm
+        self.activation = activation
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, x.shape[-1])
-        y = torch.ops.mm_variants.matmul(rows, self.weight.t(), self.algorithm)
-        if self.bias is not None:
-            y = y + self.bias
-        return y.reshape(*x.shape[:-1], self.out_features)
+        return torch.ops.mm_variants.linear(x, self.weight, self.bias, self.activation,
+                                            self.algorithm)
 
     def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, algorithm={self.algorithm!r}"
+        extra = f", activation={self.activation!r}" if self.activation != "none" else ""
+        return f"{super().extra_repr()}, algorithm={self.algorithm!r}{extra}"
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, algorithm: str = "auto") -> "Linear":
@@ -35,7 +37,7 @@ class Linear(nn.Linear):
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
-        new.algorithm = algorithm
+        new.algorithm, new.activation = algorithm, "none"
         return new
 
 

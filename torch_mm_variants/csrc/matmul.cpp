@@ -61,18 +61,28 @@ std::atomic<bool> poison_outputs{false};
 
 }  // namespace
 
-at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
+                                   c10::string_view algorithm) {
   check_inputs(a, b);
   const std::string name(algorithm);
   const Algorithm& chosen = name == "auto" ? choose_auto(a, b) : find_algorithm(a.device(), name);
   check_algorithm_accepts(chosen, a, b);
+  return chosen;
+}
 
-  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  if (m == 0 || n == 0 || k == 0) return at::zeros({m, n}, a.options());
-  at::Tensor out = at::empty({m, n}, a.options());
+at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options) {
+  at::Tensor out = at::empty({m, n}, options);
   if (poison_outputs.load(std::memory_order_relaxed)) {
     out.fill_(std::numeric_limits<double>::quiet_NaN());
   }
+  return out;
+}
+
+at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+  const Algorithm& chosen = resolve_algorithm(a, b, algorithm);
+  const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
+  if (m == 0 || n == 0 || k == 0) return at::zeros({m, n}, a.options());
+  at::Tensor out = new_output(m, n, a.options());
   chosen.run(a, b, out);
   return out;
 }
@@ -97,6 +107,7 @@ std::vector<std::string> algorithm_dtypes(const std::string& device, const std::
 std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const at::Tensor& a,
                                                 const at::Tensor& b) {
   check_inputs(a, b);
+  if (name == "auto") return {true, ""};  // auto picks among the algorithms that accept
   const Algorithm& algorithm = find_algorithm(a.device(), name);
   if (!algorithm.supports(a.scalar_type())) return {false, "does not support dtype"};
   if (algorithm.accepts != nullptr && !algorithm.accepts(a, b)) return {false, algorithm.why_not};

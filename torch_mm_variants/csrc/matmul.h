@@ -12,4 +12,11 @@ namespace mm_variants {
 // through the registry, allocates the result and runs the kernel.
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm);
 
+// The validation and algorithm choice of matmul, for ops built on it (linear.cpp).
+const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
+                                   c10::string_view algorithm);
+
+// A fresh [m, n] output (NaN-filled when output poisoning is on, for the tests).
+at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options);
+
 }  // namespace mm_variants

@@ -20,6 +20,11 @@ namespace mm_variants {
 // validated shapes, dtypes and devices, and handled M, N or K == 0, so kernels see M, N, K >= 1.
 using MatmulKernel = void (*)(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
 
+struct Epilogue;
+// The same, with bias and activation (epilogue.h) applied before the output is stored.
+using FusedMatmulKernel = void (*)(const at::Tensor& a, const at::Tensor& b,
+                                   const Epilogue& epilogue, at::Tensor& out);
+
 // Whether an algorithm can run on a given device (e.g. needs sm_90) or on given inputs
 // (e.g. TF32 for float32 only when the user allows it). Null means "always".
 using DevicePredicate = bool (*)(c10::Device device);
@@ -37,6 +42,8 @@ struct Algorithm {
   const char* why_not = "";
   // False for kernels that exist for teaching only and should never be picked by `auto`.
   bool auto_candidate = true;
+  // Set by kernels that fuse mm_variants::linear's bias and activation into their store.
+  FusedMatmulKernel run_fused = nullptr;
 
   bool supports(c10::ScalarType dtype) const;
 };

@@ -12,14 +12,18 @@ namespace {
 
 struct SimdPacked {
   template <typename T>
-  static void run(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out) {
+  static void run(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out,
+                  const TypedEpilogue<T>& epilogue = {}) {
     const auto kernel = simd::micro_kernel<acc_t<T>>();
     const TileGrid grid = tile_grid(a.rows, b.cols);
-    for (int64_t tile = 0; tile < grid.count(); ++tile) compute_tile(a, b, out, grid, tile, kernel);
+    for (int64_t tile = 0; tile < grid.count(); ++tile) {
+      compute_tile(a, b, out, grid, tile, kernel, epilogue);
+    }
   }
 };
 
-MM_VARIANTS_REGISTER({"simd_packed", c10::kCPU, 5, cpu_dtypes(), &run_rung<SimdPacked>});
+MM_VARIANTS_REGISTER({"simd_packed", c10::kCPU, 5, cpu_dtypes(), &run_rung<SimdPacked>, nullptr, nullptr,
+                      "", /*auto_candidate=*/true, &run_rung_fused<SimdPacked>});
 
 }  // namespace
 }  // namespace mm_variants::cpu

@@ -12,16 +12,20 @@ namespace {
 
 struct Parallel {
   template <typename T>
-  static void run(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out) {
+  static void run(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out,
+                  const TypedEpilogue<T>& epilogue = {}) {
     const auto kernel = simd::micro_kernel<acc_t<T>>();
     const TileGrid grid = tile_grid(a.rows, b.cols);
     at::parallel_for(0, grid.count(), /*grain_size=*/1, [&](int64_t begin, int64_t end) {
-      for (int64_t tile = begin; tile < end; ++tile) compute_tile(a, b, out, grid, tile, kernel);
+      for (int64_t tile = begin; tile < end; ++tile) {
+        compute_tile(a, b, out, grid, tile, kernel, epilogue);
+      }
     });
   }
 };
 
-MM_VARIANTS_REGISTER({"parallel", c10::kCPU, 6, cpu_dtypes(), &run_rung<Parallel>});
+MM_VARIANTS_REGISTER({"parallel", c10::kCPU, 6, cpu_dtypes(), &run_rung<Parallel>, nullptr, nullptr,
+                      "", /*auto_candidate=*/true, &run_rung_fused<Parallel>});
 
 }  // namespace
 }  // namespace mm_variants::cpu

@@ -3,6 +3,7 @@
 // with a storage offset work without copies.
 #pragma once
 
+#include "../epilogue.h"
 #include "../registry.h"
 
 #include <ATen/Dispatch.h>
@@ -31,6 +32,18 @@ MatrixView<T> view_of(const at::Tensor& t) {
 // Float32 accumulation for float, half and bfloat16; double for double.
 template <typename T>
 using acc_t = at::opmath_type<T>;
+
+// linear's epilogue as a fused CPU kernel sees it.
+template <typename T>
+struct TypedEpilogue {
+  const T* bias = nullptr;  // [N] or null
+  Activation activation = Activation::kNone;
+
+  acc_t<T> operator()(acc_t<T> sum, int64_t column) const {
+    if (bias != nullptr) sum += static_cast<acc_t<T>>(bias[column]);
+    return activate(sum, activation);
+  }
+};
 
 // row[j] += scale * b(p, j) for j in [j0, j1): the streaming inner loop of rungs 2 and 3. The
 // unit-stride case gets its own loop, which the compiler vectorizes.
@@ -65,6 +78,22 @@ void run_rung(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
                                     Rung::template run<scalar_t>(view_of<const scalar_t>(a),
                                                                  view_of<const scalar_t>(b),
                                                                  view_of<scalar_t>(out));
+                                  });
+}
+
+// The same for rungs that fuse linear's epilogue: `run` takes a fourth argument, the bias as a
+// T pointer (or null) and the activation.
+template <class Rung>
+void run_rung_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
+                    at::Tensor& out) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, a.scalar_type(), "mm_variants_cpu",
+                                  [&] {
+                                    const scalar_t* bias = epilogue.bias.defined()
+                                                               ? epilogue.bias.data_ptr<scalar_t>()
+                                                               : nullptr;
+                                    Rung::template run<scalar_t>(
+                                        view_of<const scalar_t>(a), view_of<const scalar_t>(b),
+                                        view_of<scalar_t>(out), {bias, epilogue.activation});
                                   });
 }
 

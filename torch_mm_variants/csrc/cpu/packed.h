@@ -58,10 +58,12 @@ void pack_b(MatrixView<const T> b, int64_t p0, int64_t depth, int64_t j0, int64_
   }
 }
 
-// Computes tile `index` of `grid` of out = a @ b with the micro-kernel `kernel`.
+// Computes tile `index` of `grid` of out = epilogue(a @ b) with the micro-kernel `kernel`; the
+// epilogue (linear's bias and activation, or nothing) acts on the float sums as they are stored.
 template <typename T>
 void compute_tile(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> out,
-                  TileGrid grid, int64_t index, const simd::MicroKernel<acc_t<T>>& kernel) {
+                  TileGrid grid, int64_t index, const simd::MicroKernel<acc_t<T>>& kernel,
+                  const TypedEpilogue<T>& epilogue) {
   using A = acc_t<T>;
   const int64_t i0 = index / grid.cols * kTileM, j0 = index % grid.cols * kTileN;
   const int64_t rows = std::min(kTileM, a.rows - i0), cols = std::min(kTileN, b.cols - j0);
@@ -82,7 +84,8 @@ void compute_tile(MatrixView<const T> a, MatrixView<const T> b, MatrixView<T> ou
     }
   }
   for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) out(i0 + r, j0 + c) = static_cast<T>(c_tile[r * padded_cols + c]);
+    for (int64_t c = 0; c < cols; ++c)
+      out(i0 + r, j0 + c) = static_cast<T>(epilogue(c_tile[r * padded_cols + c], j0 + c));
 }
 
 }  // namespace mm_variants::cpu

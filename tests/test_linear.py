@@ -1,0 +1,135 @@
+"""mm_variants::linear: activation(x @ weight^T + bias) against float64, on every algorithm,
+with its errors, gradients, opcheck and torch.compile."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_mm_variants as mmv
+from conftest import TOLERANCE, algorithm_dtype_params, devices, relative_error, tf32_allowed
+
+ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
+REFERENCE = {
+    "none": lambda y: y,
+    "relu": torch.relu,
+    "gelu": torch.nn.functional.gelu,
+    "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+
+
+def reference(x, weight, bias, activation):
+    y = x.double() @ weight.double().t()
+    if bias is not None:
+        y = y + bias.double()
+    return REFERENCE[activation](y)
+
+
+def check_linear(x, weight, bias, activation, algorithm):
+    rows = x.reshape(-1, x.shape[-1])
+    accepted, why = mmv._C.algorithm_accepts(algorithm, rows, weight.t())
+    if not accepted and "allow_tf32" in why:
+        with tf32_allowed():
+            out = mmv.linear(x, weight, bias, activation, algorithm)
+        tolerance = 5e-3
+    elif not accepted:
+        with pytest.raises(RuntimeError, match="cannot take these inputs"):
+            mmv.linear(x, weight, bias, activation, algorithm)
+        return
+    else:
+        out = mmv.linear(x, weight, bias, activation, algorithm)
+        tolerance = TOLERANCE[x.dtype]
+    ref = reference(x, weight, bias, activation)
+    assert out.shape == ref.shape and out.dtype == x.dtype and out.is_contiguous()
+    assert not torch.isnan(out).any()
+    err = relative_error(out, ref)
+    assert err <= tolerance, f"{activation}: relative error {err:.2e}"
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_activations_bias_and_batch_dims(device, algorithm, dtype):
+    torch.manual_seed(0)
+    weight = torch.randn(37, 70, device=device).to(dtype)
+    bias = torch.randn(37, device=device).to(dtype)
+    for activation in ACTIVATIONS:
+        for x_shape in [(70,), (5, 70), (2, 3, 70)]:
+            x = torch.randn(*x_shape, device=device).to(dtype)
+            check_linear(x, weight, bias, activation, algorithm)
+            check_linear(x, weight, None, activation, algorithm)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_larger_and_transposed_inputs(device):
+    torch.manual_seed(0)
+    x = torch.randn(300, 130, device=device).t()[:, :129]  # [130, 129] view with strides
+    weight = torch.randn(257, 129, device=device)
+    bias = torch.randn(257, device=device)
+    for activation in ACTIVATIONS:
+        check_linear(x, weight, bias, activation, "auto")
+
+
+@pytest.mark.parametrize("device", devices())
+def test_empty_dimensions(device):
+    weight, bias = torch.randn(4, 0, device=device), torch.randn(4, device=device)
+    out = mmv.linear(torch.randn(3, 0, device=device), weight, bias, "relu")
+    assert torch.equal(out, torch.relu(bias).expand(3, 4))
+    assert mmv.linear(torch.randn(0, 5, device=device), torch.randn(4, 5, device=device)).shape == (0, 4)
+
+
+def test_errors():
+    x, w = torch.randn(2, 3), torch.randn(4, 3)
+    with pytest.raises(RuntimeError, match=r"unknown activation 'tanh'; valid: none, relu, gelu"):
+        mmv.linear(x, w, None, "tanh")
+    with pytest.raises(RuntimeError, match=r"bias must have shape \[4\], got \[3\]"):
+        mmv.linear(x, w, torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"expected bias to have the dtype of weight"):
+        mmv.linear(x, w, torch.randn(4, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"x and weight shapes cannot be multiplied \(\[2, 3\] and \[5, 4\]\^T\)"):
+        mmv.linear(x, torch.randn(5, 4))
+    with pytest.raises(RuntimeError, match=r"weight must be a matrix"):
+        mmv.linear(x, torch.randn(3))
+    with pytest.raises(RuntimeError, match=r"expected x and weight to have the same dtype"):
+        mmv.linear(x, w.double())
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("algorithm", ["parallel", "tiled"])  # fused and unfused epilogue
+def test_gradcheck(activation, algorithm):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    fn = lambda x, w, b: mmv.linear(x, w, b, activation, algorithm)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (x, w, b))
+    assert torch.autograd.gradgradcheck(fn, (x, w, b))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_opcheck(device):
+    x = torch.randn(3, 6, 5, device=device, requires_grad=True)
+    w = torch.randn(4, 5, device=device, requires_grad=True)
+    b = torch.randn(4, device=device, requires_grad=True)
+    for activation in ["none", "gelu"]:
+        torch.library.opcheck(torch.ops.mm_variants.linear.default, (x, w, b, activation, "auto"))
+        torch.library.opcheck(torch.ops.mm_variants.linear.default, (x, w, None, activation, "auto"))
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compile_fullgraph(device, dynamic):
+    torch._dynamo.reset()
+    layer = mmv.Linear(16, 8, activation="silu").to(device)
+    compiled = torch.compile(layer, fullgraph=True, dynamic=dynamic)
+    for batch in [3, 7]:
+        x = torch.randn(batch, 16, device=device)
+        assert relative_error(compiled(x), reference(x, layer.weight, layer.bias, "silu")) < 1e-5
+
+
+def test_linear_module_activation_matches_torch():
+    torch.manual_seed(0)
+    layer = mmv.Linear(10, 6, activation="gelu_tanh")
+    x = torch.randn(4, 10)
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, layer.weight, layer.bias),
+                                        approximate="tanh")
+    assert relative_error(layer(x), expected.double()) < 1e-5
+    assert "activation='gelu_tanh'" in repr(layer)
