@@ -1,0 +1,217 @@
+"""End-to-end: a Llama-style decoder with its nn.Linear layers swapped for ours, beside the original.
+
+    python -m torch_mm_variants.model_bench                    # GPU: bf16, Llama-8B-sized layers
+    python -m torch_mm_variants.model_bench --device cpu --size tiny --no-compile
+
+The model is built from plain torch modules with random weights (nothing is downloaded): token
+embedding, blocks of RMSNorm -> grouped-query causal attention (q, k, v, o projections) ->
+RMSNorm -> SiLU-gated MLP (gate, up, down), a final norm and the vocabulary projection. A copy
+has every nn.Linear replaced by torch_mm_variants.Linear (same weights), and both are timed in
+eager mode and under torch.compile(fullgraph=True), which fails loudly on any graph break:
+
+- prefill: one forward pass over --prefill tokens;
+- decode: a forward pass over a few new tokens (--decode, e.g. 1,8,16). Decode steps attend only
+  to the new tokens (no KV cache): what they measure is the Linear layers at decode shapes, where
+  M is the number of tokens in flight.
+
+Each row gives both step times, their ratio, and the largest difference between the outputs.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import torch_mm_variants as mmv
+from torch_mm_variants import bench
+
+
+@dataclass
+class Config:
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    layers: int
+    vocab: int
+
+
+SIZES = {
+    "llama8b": Config(hidden=4096, intermediate=14336, heads=32, kv_heads=8, layers=4, vocab=32000),
+    "small": Config(hidden=1024, intermediate=2816, heads=16, kv_heads=4, layers=2, vocab=8000),
+    "tiny": Config(hidden=64, intermediate=176, heads=4, kv_heads=2, layers=2, vocab=256),
+}
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x.float() * scale).to(x.dtype) * self.weight
+
+
+class Attention(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = c.heads, c.kv_heads, c.hidden // c.heads
+        self.q_proj = nn.Linear(c.hidden, c.heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(c.hidden, c.kv_heads * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(c.hidden, c.kv_heads * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(c.heads * self.head_dim, c.hidden, bias=False)
+
+    def forward(self, x):
+        batch, tokens, _ = x.shape
+        q = self.q_proj(x).view(batch, tokens, self.heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(batch, tokens, self.kv_heads, self.head_dim).transpose(1, 2)
+        repeat = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o_proj(y.transpose(1, 2).reshape(batch, tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.gate_proj = nn.Linear(c.hidden, c.intermediate, bias=False)
+        self.up_proj = nn.Linear(c.hidden, c.intermediate, bias=False)
+        self.down_proj = nn.Linear(c.intermediate, c.hidden, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.attn_norm, self.attn = RMSNorm(c.hidden), Attention(c)
+        self.mlp_norm, self.mlp = RMSNorm(c.hidden), MLP(c)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.mlp(self.mlp_norm(x))
+
+
+class Decoder(nn.Module):
+    def __init__(self, c: Config):
+        super().__init__()
+        self.embed = nn.Embedding(c.vocab, c.hidden)
+        self.blocks = nn.ModuleList(Block(c) for _ in range(c.layers))
+        self.norm = RMSNorm(c.hidden)
+        self.lm_head = nn.Linear(c.hidden, c.vocab, bias=False)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.lm_head(self.norm(x))
+
+
+def build_models(config: Config, device, dtype, algorithm: str):
+    torch.manual_seed(0)
+    original = Decoder(config).to(device=device, dtype=dtype).eval()
+    for module in original.modules():  # small weights keep activations in range at any depth
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=module.in_features ** -0.5)
+    swapped = mmv.swap_linear(copy.deepcopy(original), algorithm=algorithm)
+    return original, swapped
+
+
+def time_step(model, tokens, device, repeat: int) -> float:
+    """Median milliseconds of one forward pass."""
+    with torch.inference_mode():
+        return bench.time_ms(lambda: model(tokens), device, repeat)
+
+
+def largest_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
+    """(max |a - b|, that over max |b|)."""
+    diff = (a.float() - b.float()).abs().max().item()
+    return diff, diff / max(b.float().abs().max().item(), 1e-30)
+
+
+def run(args) -> list[dict]:
+    device = torch.device(args.device)
+    dtype = bench.DTYPES[args.dtype]
+    config = SIZES[args.size]
+    original, swapped = build_models(config, device, dtype, args.algorithm)
+    modes = [("eager", original, swapped)]
+    if args.compile:
+        torch._dynamo.reset()
+        modes.append(("compile", torch.compile(original, fullgraph=True, dynamic=False),
+                      torch.compile(swapped, fullgraph=True, dynamic=False)))
+    steps = [("prefill", args.prefill)] + [("decode", t) for t in args.decode]
+    rows = []
+    for mode, reference_model, our_model in modes:
+        for phase, tokens_in_flight in steps:
+            bench.progress(f"{mode} {phase} {tokens_in_flight} tokens")
+            tokens = torch.randint(0, config.vocab, (1, tokens_in_flight), device=device)
+            with torch.inference_mode():
+                expected, ours = reference_model(tokens), our_model(tokens)
+            diff, relative = largest_difference(ours, expected)
+            # interleaved: original, ours, original; the original's time is the mean of both
+            before = time_step(reference_model, tokens, device, args.repeat)
+            ms = time_step(our_model, tokens, device, args.repeat)
+            after = time_step(reference_model, tokens, device, args.repeat)
+            reference_ms = statistics.mean([before, after])
+            rows.append({"mode": mode, "phase": phase, "tokens": tokens_in_flight,
+                         "original_ms": reference_ms, "ours_ms": ms,
+                         "speedup": reference_ms / ms, "max_abs_diff": diff,
+                         "max_rel_diff": relative})
+    bench.progress("")
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = ["| mode | phase | tokens | original ms | ours ms | ours vs original | max abs diff |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        lines.append(f"| {r['mode']} | {r['phase']} | {r['tokens']} | {r['original_ms']:.3f} | "
+                     f"{r['ours_ms']:.3f} | {r['speedup']:.2f}x | {r['max_abs_diff']:.2e} |")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None):
+    gpu = torch.cuda.is_available() and mmv.has_cuda()
+    p = argparse.ArgumentParser(prog="python -m torch_mm_variants.model_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cuda" if gpu else "cpu")
+    p.add_argument("--dtype", default="bfloat16" if gpu else "float32", choices=list(bench.DTYPES))
+    p.add_argument("--size", default="llama8b" if gpu else "tiny", choices=list(SIZES))
+    p.add_argument("--prefill", type=int, default=2048 if gpu else 64)
+    p.add_argument("--decode", type=lambda s: [int(t) for t in s.split(",")], default=[1, 8, 16])
+    p.add_argument("--algorithm", default="auto")
+    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--no-compile", dest="compile", action="store_false",
+                   help="eager mode only (torch.compile takes a while on a CPU)")
+    p.add_argument("--output", default=None, help="write the rows as JSON")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+    rows = run(args)
+    name = bench.device_name(torch.device(args.device))
+    print(f"# {args.size} decoder, {args.dtype}, on {name}: torch_mm_variants.Linear "
+          f"(algorithm={args.algorithm}) vs nn.Linear ({time.perf_counter() - start:.0f} s)\n")
+    print(format_rows(rows))
+    if args.output:
+        with open(args.output, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
