@@ -18,6 +18,14 @@ CSRC = os.path.join(PACKAGE, "csrc")
 DEFAULT_CUDA_ARCHS = "8.0;9.0a"
 
 
+def read_version() -> str:
+    """torch_mm_variants/version.py, read as text: the package cannot be imported before it is built."""
+    scope = {}
+    with open(os.path.join(PACKAGE, "version.py")) as f:
+        exec(f.read(), scope)
+    return scope["__version__"]
+
+
 def want_cuda() -> bool:
     if os.environ.get("MM_VARIANTS_FORCE_CPU", "0") == "1":
         return False
@@ -58,7 +66,7 @@ def extension():
 
 setup(
     name=PACKAGE,
-    version="0.1.0",
+    version=read_version(),
     description="One matmul op, many kernels: a CPU and CUDA ladder from naive to tensor cores",
     packages=[PACKAGE],
     ext_modules=[extension()],

@@ -11,7 +11,7 @@ import torch
 from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
 from . import ops  # noqa: F401  (registers the fake kernel and the autograd formula)
 from .nn import Linear, swap_linear
-from .tuning import PACKAGE_VERSION as __version__
+from .version import __version__
 from .tuning import explain_auto, set_autotune
 
 __all__ = ["matmul", "linear", "algorithms", "auto_choice", "explain_auto", "set_autotune",

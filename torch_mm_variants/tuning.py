@@ -17,8 +17,7 @@ from pathlib import Path
 import torch
 
 from . import _C
-
-PACKAGE_VERSION = "0.1.0"
+from .version import __version__
 
 
 def cache_file() -> Path:
@@ -27,7 +26,7 @@ def cache_file() -> Path:
     if folder is None:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         folder = os.path.join(base, "torch_mm_variants")
-    tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{PACKAGE_VERSION}")
+    tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{__version__}")
     return Path(folder) / f"autotune-{tag}.json"
 
 
