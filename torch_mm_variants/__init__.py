@@ -19,13 +19,17 @@ __all__ = ["matmul", "linear", "algorithms", "auto_choice", "explain_auto", "set
 
 
 def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.Tensor:
-    """Returns a @ b for 2-D `a` [M, K] and `b` [K, N], computed by the kernel `algorithm`.
+    """Returns a @ b for `a` [M, K] and `b` [K, N], computed by the kernel `algorithm`; or, for a
+    batch `a` [B, M, K], each a[i] @ b[i] with `b` [B, K, N], or a[i] @ b with a shared `b` [K, N]
+    (mm_variants::bmm).
 
     Any strides work (transposed views, slices with an offset); the result is a new contiguous
     tensor of the inputs' dtype, accumulated in float32 (float64 for float64 inputs).
     `algorithm="auto"` picks the best kernel for the inputs; see `auto_choice`.
     Differentiable, and traceable by torch.compile without graph breaks.
     """
+    if a.dim() == 3:
+        return torch.ops.mm_variants.bmm(a, b, algorithm)
     return torch.ops.mm_variants.matmul(a, b, algorithm)
 
 

@@ -113,3 +113,38 @@ def _linear_backward(ctx, grad):
 
 torch.library.register_autograd("mm_variants::linear", _linear_backward,
                                 setup_context=_linear_setup_context)
+
+
+@torch.library.register_fake("mm_variants::bmm")
+def _bmm_fake(a, b, algorithm="auto"):
+    torch._check(a.dim() == 3, lambda: "mm_variants::bmm: a must be a batch of matrices [B, M, K]")
+    torch._check(b.dim() in (2, 3), lambda: "mm_variants::bmm: b must be [B, K, N] or a shared [K, N]")
+    torch._check(b.dim() == 2 or b.shape[0] == a.shape[0],
+                 lambda: "mm_variants::bmm: a and b have different batch sizes")
+    torch._check(a.shape[2] == b.shape[-2],
+                 lambda: f"mm_variants::bmm: a and b shapes cannot be multiplied "
+                 f"({list(a.shape)} and {list(b.shape)})")
+    return a.new_empty((a.shape[0], a.shape[1], b.shape[-1]))
+
+
+def _bmm_setup_context(ctx, inputs, output):
+    a, b, algorithm = inputs
+    ctx.algorithm = algorithm
+    ctx.save_for_backward(a if ctx.needs_input_grad[1] else None,
+                          b if ctx.needs_input_grad[0] else None)
+
+
+def _bmm_backward(ctx, grad):
+    a, b = ctx.saved_tensors
+    grad_a = grad_b = None
+    if ctx.needs_input_grad[0]:  # grad @ b^T, per entry (b^T shared when b is)
+        grad_a = torch.ops.mm_variants.bmm(grad, b.transpose(-1, -2), ctx.algorithm)
+    if ctx.needs_input_grad[1]:
+        if b.dim() == 3:  # a^T @ grad, per entry
+            grad_b = torch.ops.mm_variants.bmm(a.transpose(1, 2), grad, ctx.algorithm)
+        else:  # a shared b gathers the gradient of every entry: one product over all rows
+            grad_b = torch.ops.mm_variants.matmul(_as_rows(a).t(), _as_rows(grad), ctx.algorithm)
+    return grad_a, grad_b, None
+
+
+torch.library.register_autograd("mm_variants::bmm", _bmm_backward, setup_context=_bmm_setup_context)

@@ -1,0 +1,60 @@
+// mm_variants::bmm: a batch of products, out[i] = a[i] @ b[i] for a [B, M, K] and b [B, K, N],
+// or out[i] = a[i] @ b for a shared 2-D b [K, N] (e.g. a weight).
+//
+// One kernel serves every device (CompositeExplicitAutograd): it validates once, chooses the
+// algorithm once for the batch's shape, and runs it on each batch entry's views, which every
+// algorithm reads in place whatever their strides. Each entry's output starts on a 16-byte
+// boundary, as the vectorized stores of the GPU kernels need; when M * N elements do not fill
+// whole 16-byte units the padded result is compacted at the end.
+#include "matmul.h"
+
+#include <ATen/ATen.h>
+#include <c10/core/DeviceGuard.h>
+#include <torch/library.h>
+
+namespace mm_variants {
+namespace {
+
+void check_bmm_inputs(const at::Tensor& a, const at::Tensor& b) {
+  TORCH_CHECK(a.dim() == 3, "mm_variants::bmm: a must be a batch of matrices [B, M, K], got a ",
+              a.dim(), "-D tensor");
+  TORCH_CHECK(b.dim() == 3 || b.dim() == 2,
+              "mm_variants::bmm: b must be [B, K, N] or a shared [K, N], got a ", b.dim(),
+              "-D tensor");
+  TORCH_CHECK(b.dim() == 2 || b.size(0) == a.size(0),
+              "mm_variants::bmm: a and b have different batch sizes (", a.size(0), " and ",
+              b.size(0), ")");
+  TORCH_CHECK(a.size(2) == b.size(-2), "mm_variants::bmm: a and b shapes cannot be multiplied (",
+              a.sizes(), " and ", b.sizes(), ")");
+}
+
+at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+  check_bmm_inputs(a, b);
+  const c10::OptionalDeviceGuard guard(a.device());
+  const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(-1);
+  const auto b_of = [&](int64_t i) { return b.dim() == 3 ? b.select(0, i) : b; };
+  if (batch == 0) return at::empty({0, m, n}, a.options());
+  const Algorithm& chosen = resolve_algorithm(a.select(0, 0), b_of(0), algorithm);
+  if (m == 0 || n == 0 || k == 0) return at::zeros({batch, m, n}, a.options());
+
+  const int64_t per_unit = std::max<int64_t>(1, 16 / static_cast<int64_t>(a.element_size()));
+  const int64_t stride = (m * n + per_unit - 1) / per_unit * per_unit;  // elements per entry
+  at::Tensor storage = new_output(batch, stride, a.options());
+  for (int64_t i = 0; i < batch; ++i) {
+    at::Tensor out = storage.select(0, i).narrow(0, 0, m * n).view({m, n});
+    chosen.run(a.select(0, i), b_of(i), out);
+  }
+  const at::Tensor result = storage.narrow(1, 0, m * n);
+  return (stride == m * n ? result : result.contiguous()).view({batch, m, n});
+}
+
+}  // namespace
+}  // namespace mm_variants
+
+TORCH_LIBRARY_FRAGMENT(mm_variants, m) {
+  m.def("bmm(Tensor a, Tensor b, str algorithm=\"auto\") -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(mm_variants, CompositeExplicitAutograd, m) {
+  m.impl("bmm", &mm_variants::bmm);
+}
