@@ -64,23 +64,38 @@ def tf32_allowed():
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-def run_checked(a, b, algorithm):
-    """Runs the op and returns (out, tolerance), or None when the algorithm refuses these inputs
-    by design (e.g. a skinny kernel given many rows), after checking that it refuses them with
-    its reason. A float32 tensor-core rung refused for TF32 being off (checked) runs with TF32
-    allowed, under TF32's looser tolerance."""
+def run_accepted(algorithm, a, b, run):
+    """Calls run() and returns (its output, tolerance), or None when `algorithm` refuses inputs
+    like the 2-D product a @ b by design (e.g. a skinny kernel given many rows), after checking
+    that run() refuses them with the algorithm's reason. A float32 tensor-core rung refused for
+    TF32 being off (checked) runs with TF32 allowed, under TF32's looser tolerance."""
     if algorithm == "auto":
-        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
+        return run(), TOLERANCE[a.dtype]
     accepted, why = mmv._C.algorithm_accepts(algorithm, a, b)
     if accepted:
-        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
+        return run(), TOLERANCE[a.dtype]
     with pytest.raises(RuntimeError, match=re.escape(why)):
-        mmv.matmul(a, b, algorithm)
+        run()
     if a.dtype == torch.float32 and "allow_tf32" in why:
         with tf32_allowed():
             if mmv._C.algorithm_accepts(algorithm, a, b)[0]:
-                return mmv.matmul(a, b, algorithm), TF32_TOLERANCE
+                return run(), TF32_TOLERANCE
     return None
+
+
+def run_checked(a, b, algorithm):
+    """run_accepted for the op itself: mmv.matmul(a, b, algorithm)."""
+    return run_accepted(algorithm, a, b, lambda: mmv.matmul(a, b, algorithm))
+
+
+def assert_result(out, ref, dtype, device, tolerance):
+    """A fresh contiguous output of the inputs' dtype and device, every element written, within
+    `tolerance` of the float64 reference by relative error."""
+    assert out.shape == ref.shape and out.dtype == dtype and out.device == device
+    assert out.is_contiguous()
+    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN elements in the output"
+    err = relative_error(out, ref)
+    assert err <= tolerance, f"relative error {err:.3e} > {tolerance:.0e}"
 
 
 def assert_matches_reference(a, b, algorithm):
@@ -89,12 +104,7 @@ def assert_matches_reference(a, b, algorithm):
     if result is None:
         return False
     out, tolerance = result
-    ref = a.double() @ b.double()
-    assert out.shape == ref.shape and out.dtype == a.dtype and out.device == a.device
-    assert out.is_contiguous()
-    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN elements in the output"
-    err = relative_error(out, ref)
-    assert err <= tolerance, f"relative error {err:.3e} > {tolerance:.0e}"
+    assert_result(out, a.double() @ b.double(), a.dtype, a.device, tolerance)
     return True
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import TOLERANCE, algorithm_dtype_params, devices, relative_error, tf32_allowed
+from conftest import algorithm_dtype_params, assert_result, devices, relative_error, run_accepted
 
 
 def reference(a, b):
@@ -14,22 +14,10 @@ def reference(a, b):
 
 
 def check_bmm(a, b, algorithm):
-    accepted, why = mmv._C.algorithm_accepts(algorithm, a[0], b if b.dim() == 2 else b[0])
-    tolerance = TOLERANCE[a.dtype]
-    if not accepted and "allow_tf32" in why:
-        with tf32_allowed():
-            out = mmv.matmul(a, b, algorithm)
-        tolerance = 5e-3
-    elif not accepted:
-        with pytest.raises(RuntimeError, match="cannot take these inputs"):
-            mmv.matmul(a, b, algorithm)
-        return
-    else:
-        out = mmv.matmul(a, b, algorithm)
-    ref = reference(a, b)
-    assert out.shape == ref.shape and out.dtype == a.dtype and out.is_contiguous()
-    assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) elements"
-    assert relative_error(out, ref) <= tolerance
+    result = run_accepted(algorithm, a[0], b if b.dim() == 2 else b[0],
+                          lambda: mmv.matmul(a, b, algorithm))
+    if result is not None:
+        assert_result(result[0], reference(a, b), a.dtype, a.device, result[1])
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import TOLERANCE, algorithm_dtype_params, devices, relative_error, tf32_allowed
+from conftest import algorithm_dtype_params, assert_result, devices, relative_error, run_accepted
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 REFERENCE = {
@@ -27,23 +27,11 @@ def reference(x, weight, bias, activation):
 
 def check_linear(x, weight, bias, activation, algorithm):
     rows = x.reshape(-1, x.shape[-1])
-    accepted, why = mmv._C.algorithm_accepts(algorithm, rows, weight.t())
-    if not accepted and "allow_tf32" in why:
-        with tf32_allowed():
-            out = mmv.linear(x, weight, bias, activation, algorithm)
-        tolerance = 5e-3
-    elif not accepted:
-        with pytest.raises(RuntimeError, match="cannot take these inputs"):
-            mmv.linear(x, weight, bias, activation, algorithm)
-        return
-    else:
-        out = mmv.linear(x, weight, bias, activation, algorithm)
-        tolerance = TOLERANCE[x.dtype]
-    ref = reference(x, weight, bias, activation)
-    assert out.shape == ref.shape and out.dtype == x.dtype and out.is_contiguous()
-    assert not torch.isnan(out).any()
-    err = relative_error(out, ref)
-    assert err <= tolerance, f"{activation}: relative error {err:.2e}"
+    result = run_accepted(algorithm, rows, weight.t(),
+                          lambda: mmv.linear(x, weight, bias, activation, algorithm))
+    if result is not None:
+        assert_result(result[0], reference(x, weight, bias, activation), x.dtype, x.device,
+                      result[1])
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
