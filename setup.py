@@ -32,6 +32,13 @@ def want_cuda() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None
 
 
+def builds_sm90a() -> bool:
+    """Whether the arch list compiles the sm_90a target (wgmma, setmaxnreg): "9.0a" in
+    TORCH_CUDA_ARCH_LIST, which torch turns into -gencode=arch=compute_90a,code=sm_90a."""
+    archs = os.environ["TORCH_CUDA_ARCH_LIST"].replace(";", " ").split()
+    return any(arch.removesuffix("+PTX") == "9.0a" for arch in archs)
+
+
 def sources(pattern: str) -> list[str]:
     return sorted(glob.glob(os.path.join(CSRC, pattern), recursive=True))
 
@@ -57,6 +64,8 @@ def extension():
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
     nvcc_flags = ["-O3", "--expt-relaxed-constexpr", "-lineinfo",
                   "-Xptxas=-warn-spills"]
+    if builds_sm90a():  # the wgmma rung is registered only when its kernels are compiled
+        nvcc_flags.append("-DMM_VARIANTS_WITH_SM90A")
     return CUDAExtension(
         f"{PACKAGE}._C", cpp_sources + sources("**/*.cu"),
         extra_compile_args={"cxx": cxx_flags + ["-DMM_VARIANTS_WITH_CUDA"],

@@ -3,7 +3,10 @@ reference, tolerances, and output poisoning."""
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -106,6 +109,26 @@ def assert_matches_reference(a, b, algorithm):
     out, tolerance = result
     assert_result(out, a.double() @ b.double(), a.dtype, a.device, tolerance)
     return True
+
+
+def kernel_sass(name_part: str) -> list[tuple[str, str]]:
+    """(mangled name, SASS) of every compiled kernel of the extension whose name contains
+    `name_part`, from cuobjdump; skips the test when cuobjdump is missing, fails when no kernel
+    matches."""
+    from torch.utils.cpp_extension import CUDA_HOME
+    candidates = [shutil.which("cuobjdump")]
+    if CUDA_HOME:
+        candidates.append(os.path.join(CUDA_HOME, "bin", "cuobjdump"))
+    cuobjdump = next((c for c in candidates if c and os.path.exists(c)), None)
+    if cuobjdump is None:
+        pytest.skip("cuobjdump not found")
+    result = subprocess.run([cuobjdump, "-sass", mmv._C.__file__], capture_output=True, text=True,
+                            check=True)
+    functions = re.split(r"^\s*Function : ", result.stdout, flags=re.MULTILINE)[1:]
+    kernels = [(f.split("\n", 1)[0].strip(), f) for f in functions
+               if name_part in f.split("\n", 1)[0]]
+    assert kernels, f"no {name_part} in the SASS of {mmv._C.__file__}"
+    return kernels
 
 
 @pytest.fixture(autouse=True)

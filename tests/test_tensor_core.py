@@ -4,16 +4,14 @@ with partial chunks at the edges, many tiles and K steps). Misaligned views, str
 capture and 64-bit offsets are covered for every CUDA rung in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
-import os
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import TF32_TOLERANCE, assert_matches_reference, gpu_available, relative_error
+from conftest import (TF32_TOLERANCE, assert_matches_reference, gpu_available, kernel_sass,
+                      relative_error)
 
 ALGORITHM = "tensor_core"
 
@@ -91,26 +89,10 @@ def test_many_tiles_and_k_steps(dtype):
     assert_matches_reference(a.t().contiguous().t(), b.t().contiguous().t(), ALGORITHM)
 
 
-def find_cuobjdump() -> str | None:
-    from torch.utils.cpp_extension import CUDA_HOME
-    candidates = [shutil.which("cuobjdump")]
-    if CUDA_HOME:
-        candidates.append(os.path.join(CUDA_HOME, "bin", "cuobjdump"))
-    return next((c for c in candidates if c and os.path.exists(c)), None)
-
-
 def test_kernels_use_tensor_cores():
     """Every compiled tensor_core kernel issues HMMA (mma.sync), LDSM (ldmatrix) and LDGSTS
     (cp.async) instructions."""
-    cuobjdump = find_cuobjdump()
-    if cuobjdump is None:
-        pytest.skip("cuobjdump not found")
-    result = subprocess.run([cuobjdump, "-sass", mmv._C.__file__], capture_output=True, text=True,
-                            check=True)
-    functions = re.split(r"^\s*Function : ", result.stdout, flags=re.MULTILINE)[1:]
-    kernels = [(f.split("\n", 1)[0].strip(), f) for f in functions
-               if "tensor_core_kernel" in f.split("\n", 1)[0]]
-    assert kernels, "no tensor_core_kernel in the SASS of " + mmv._C.__file__
+    kernels = kernel_sass("tensor_core_kernel")
     for name, body in kernels:
         for opcode in ("HMMA", "LDGSTS"):
             assert re.search(rf"\b{opcode}\b", body), f"{opcode} missing from {name}"

@@ -133,8 +133,10 @@ def progress(message: str) -> None:
     print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
 
-def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32) -> list[Row]:
-    inputs = make_inputs(m, n, k, dtype, device, input_sets_needed(m, n, k, dtype, device))
+def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
+               weight_layout=False) -> list[Row]:
+    inputs = make_inputs(m, n, k, dtype, device, input_sets_needed(m, n, k, dtype, device),
+                         weight_layout)
     a0, b0 = inputs[0]
     reference = a0.double() @ b0.double()
     tolerance = TF32_TOLERANCE if (tf32 and dtype == torch.float32) else TOLERANCE[dtype]
@@ -211,6 +213,8 @@ def parse_args(argv=None):
     p.add_argument("--repeat", type=int, default=10, help="timed repetitions (CPU) / scale (GPU)")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 for float32 (torch.mm and the tensor-core rungs alike)")
+    p.add_argument("--weight-layout", action="store_true",
+                   help="b is w.t() for an nn.Linear weight w [N, K] instead of a row-major [K, N]")
     p.add_argument("--output", default=None, help="write the rows to this .json or .csv file")
     return p.parse_args(argv)
 
@@ -240,8 +244,10 @@ def main(argv=None) -> int:
     print(f"# torch_mm_variants benchmark on {device_name(device)}, torch {torch.__version__}, "
           f"{args.dtype}{' (TF32 allowed)' if args.tf32 else ''}")
     for m, n, k in sizes:
-        rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32)
-        print(f"\n## {m}x{n}x{k} (M x N x K)\n")
+        rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32,
+                          args.weight_layout)
+        b_form = f"b = w.t(), w [{n}, {k}]" if args.weight_layout else f"b [{k}, {n}]"
+        print(f"\n## {m}x{n}x{k} (M x N x K, {b_form})\n")
         print(format_table(rows), flush=True)
         all_rows += rows
     if args.output:

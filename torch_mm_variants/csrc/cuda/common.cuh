@@ -248,17 +248,23 @@ struct alignas(sizeof(T) * N) Vec {
   T v[N];
 };
 
-// The first row and column of this block's output tile (see tile_grid). Tiles are walked in
-// groups of GROUP_M tile rows, column by column within a group, so that blocks resident at the
-// same time share rows of A and columns of B in L2; GROUP_M = 1 is plain row-major order.
+// The first row and column of output tile `index` of an M x N output in BM x BN tiles. Tiles are
+// walked in groups of GROUP_M tile rows, column by column within a group, so that blocks resident
+// at the same time share rows of A and columns of B in L2; GROUP_M = 1 is plain row-major order.
+template <int BM, int BN, int GROUP_M = 1>
+__device__ __forceinline__ int2 grouped_tile(int index, int M, int N) {
+  const int tiles_m = (M - 1) / BM + 1, tiles_n = (N - 1) / BN + 1;
+  const int per_group = GROUP_M * tiles_n;
+  const int first_m = index / per_group * GROUP_M;
+  const int rows = min(tiles_m - first_m, GROUP_M);
+  const int i = index % per_group;
+  return make_int2((first_m + i % rows) * BM, i / rows * BN);
+}
+
+// This block's output tile (see tile_grid): one block per tile, in grouped order.
 template <int BM, int BN, int GROUP_M = 1, typename G>
 __device__ __forceinline__ int2 tile_origin(const G& g) {
-  const int tiles_m = (g.M - 1) / BM + 1, tiles_n = (g.N - 1) / BN + 1;
-  const int per_group = GROUP_M * tiles_n;
-  const int first_m = static_cast<int>(blockIdx.x) / per_group * GROUP_M;
-  const int rows = min(tiles_m - first_m, GROUP_M);
-  const int i = static_cast<int>(blockIdx.x) % per_group;
-  return make_int2((first_m + i % rows) * BM, i / rows * BN);
+  return grouped_tile<BM, BN, GROUP_M>(static_cast<int>(blockIdx.x), g.M, g.N);
 }
 
 // out[m][n] = sum over k of a[m][k] * b[k][n] by one thread straight from global memory: the body

@@ -1,0 +1,117 @@
+"""The Hopper rung: listed only where it can run, TMA and wgmma really in the compiled kernels,
+and the paths the generic sweeps of test_matmul.py do not force: every operand layout on sizes
+just off the 128 x 256 x 64 tiles with TMA-compatible strides, K tails inside a stage, more tiles
+than SMs (the persistent loop), and views TMA cannot address falling back to rung 8. Streams,
+graph capture and devices are covered for every CUDA rung in test_cuda_ladder_extras.py."""
+from __future__ import annotations
+
+import re
+
+import pytest
+import torch
+
+import torch_mm_variants as mmv
+from conftest import assert_matches_reference, gpu_available, kernel_sass
+
+ALGORITHM = "wgmma"
+LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+
+
+def is_sm90() -> bool:
+    return gpu_available() and torch.cuda.get_device_capability() == (9, 0)
+
+
+needs_sm90 = pytest.mark.skipif(not is_sm90() or ALGORITHM not in mmv.algorithms("cuda"),
+                                reason="needs an sm_90 GPU and a build with the sm_90a target")
+pytestmark = pytest.mark.cuda
+
+
+def padded_view(rows, cols, layout, dtype):
+    """A [rows, cols] view whose leading dimension is padded to a multiple of 64 elements, so TMA
+    can address it (16-byte aligned base and stride) whatever rows and cols are."""
+    def pad(x):
+        return 64 * ((x + 63) // 64)
+    if layout == "row":
+        return torch.randn(rows, pad(cols), device="cuda").to(dtype)[:, :cols]
+    return torch.randn(cols, pad(rows), device="cuda").to(dtype)[:, :rows].t()
+
+
+@pytest.mark.skipif(not gpu_available() or is_sm90(), reason="needs a GPU other than sm_90")
+def test_refused_by_name_on_other_gpus():
+    assert ALGORITHM not in mmv.algorithms("cuda")
+    a = torch.randn(64, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="algorithm 'wgmma' cannot run on cuda"):
+        mmv.matmul(a, a, ALGORITHM)
+
+
+@needs_sm90
+def test_listed_on_sm90_for_16_bit_inputs_only():
+    assert ALGORITHM in mmv.algorithms("cuda")
+    assert sorted(mmv._C.algorithm_dtypes("cuda", ALGORITHM)) == ["BFloat16", "Half"]
+    a = torch.randn(64, 64, device="cuda")
+    with pytest.raises(RuntimeError, match="'wgmma' does not support dtype Float"):
+        mmv.matmul(a, a, ALGORITHM)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_layouts_off_the_tile_boundaries(dtype, a_layout, b_layout):
+    torch.manual_seed(0)
+    for m, n, k in [(1, 1, 1), (7, 9, 5), (63, 65, 63), (127, 255, 65), (129, 257, 129),
+                    (128, 256, 64), (1000, 300, 1000), (65, 1, 200), (2, 513, 31)]:
+        a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
+        assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_more_tiles_than_sms_and_many_k_steps(dtype, a_layout, b_layout):
+    """Each block of the persistent grid walks several tiles and the stage ring wraps many times
+    per tile, so the barrier phases carry across tiles."""
+    torch.manual_seed(0)
+    a, b = padded_view(2100, 1100, a_layout, dtype), padded_view(1100, 3000, b_layout, dtype)
+    assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_nn_linear_shapes(dtype):
+    """x @ w.t() for an nn.Linear weight w [N, K], the layout models use."""
+    torch.manual_seed(0)
+    x = torch.randn(512, 4096, device="cuda").to(dtype)
+    for n, k in [(4096, 4096), (1024, 4096)]:
+        w = torch.randn(n, k, device="cuda").to(dtype)
+        assert_matches_reference(x[:, :k], w.t(), ALGORITHM)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("case", ["odd_leading_dimension", "storage_offset", "general_strides"])
+def test_views_tma_cannot_address_fall_back(dtype, case):
+    torch.manual_seed(0)
+    if case == "odd_leading_dimension":  # rows 2 * 301 bytes apart: not a multiple of 16
+        a = torch.randn(200, 301, device="cuda").to(dtype)
+    elif case == "storage_offset":  # base 2 bytes past a 16-byte boundary
+        a = torch.randn(200 * 320 + 1, device="cuda").to(dtype)[1:].view(200, 320)
+    else:
+        a = torch.randn(200, 640, device="cuda").to(dtype)[:, ::2]
+    b = torch.randn(a.shape[1], 150, device="cuda").to(dtype)
+    assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+def test_auto_picks_wgmma_for_large_16_bit_products():
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    assert mmv.auto_choice(a, a) == ALGORITHM
+
+
+@needs_sm90
+def test_kernels_use_tma_and_wgmma():
+    """Every compiled wgmma kernel copies with TMA (UTMALDG) and multiplies with HGMMA, with no
+    register spills to local memory."""
+    for name, body in kernel_sass("wgmma_kernel"):
+        for opcode in ("HGMMA", "UTMALDG"):
+            assert re.search(rf"\b{opcode}\b", body), f"{opcode} missing from {name}"
+        assert not re.search(r"\b(LDL|STL)\b", body), f"local memory traffic in {name}"

@@ -1,0 +1,176 @@
+// PTX wrappers for the sm_90 (Hopper) path: the tensor memory accelerator (TMA) copies tiles
+// from global to shared memory, mbarriers tell consumers when a copy has landed and producers
+// when a stage is free again, and wgmma multiplies a 64-row tile of A by an N-column tile of B
+// for a whole warpgroup (4 warps), reading both operands from shared memory through descriptors.
+// Each wrapper is one instruction. The wgmma and setmaxnreg ones need the sm_90a target.
+#pragma once
+
+#include "mma.cuh"
+
+#include <cuda.h>
+
+#include <cstdint>
+
+namespace mm_variants::cuda::hopper {
+
+using mma::smem_addr;
+
+// ---------------------------------------------------------------------------------------------
+// mbarrier: a shared-memory barrier that completes a phase when `count` threads have arrived
+// and every byte it was told to expect (expect_tx) has been written by the copy engine.
+
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count)
+               : "memory");
+}
+
+// Makes initialized barriers visible to the copy engine (the async proxy) before first use.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// Arrives and announces `bytes` that TMA copies will deliver to this phase.
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_addr(bar)) : "memory");
+}
+
+// Waits until the phase of parity `phase` has completed. A fresh barrier is in phase 0, so
+// waiting for parity 1 returns at once: producers start with every stage free.
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+  uint32_t done = 0;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(smem_addr(bar)), "r"(phase)
+        : "memory");
+  } while (!done);
+}
+
+// ---------------------------------------------------------------------------------------------
+// TMA: one thread copies a whole box of a 2-D tensor (described by a CUtensorMap built on the
+// host) into shared memory; elements outside the tensor arrive as zeros, so edge tiles need no
+// predicates. c0 indexes the contiguous dimension. Completion is signalled on `bar`.
+
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+__device__ __forceinline__ void prefetch_tensor_map(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Register reallocation between warpgroups (sm_90a): the producer gives registers back, the
+// consumers that hold the accumulators take them.
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs));
+}
+
+// ---------------------------------------------------------------------------------------------
+// wgmma (sm_90a).
+//
+// A shared-memory operand is given by a 64-bit descriptor: start address, the byte offsets
+// between 8 x 16-byte "core matrices" along its two dimensions, and the swizzle the tile was
+// written with. Tiles here are written by TMA with 128-byte swizzling, in rows of 128 bytes
+// (64 16-bit elements) and atoms of 8 rows (1024 bytes):
+// - K-major (K contiguous): rows run along M/N; the stride between 8-row groups is 1024 bytes,
+//   the leading offset is unused. A k16 step moves the start 32 bytes along the row.
+// - MN-major (M or N contiguous): rows run along K; 8-row groups of K are 1024 bytes apart
+//   (stride offset) and 64-element blocks of M/N are `mn_block_bytes` apart (leading offset).
+//   A k16 step moves the start 16 rows, 2048 bytes.
+__device__ __forceinline__ uint64_t smem_descriptor(const void* tile, uint32_t leading_bytes,
+                                                    uint32_t stride_bytes) {
+  constexpr uint64_t kSwizzle128B = 1;
+  return static_cast<uint64_t>((smem_addr(tile) & 0x3FFFF) >> 4) |
+         static_cast<uint64_t>((leading_bytes & 0x3FFFF) >> 4) << 16 |
+         static_cast<uint64_t>((stride_bytes & 0x3FFFF) >> 4) << 32 | kSwizzle128B << 62;
+}
+
+// Orders register accesses before the wgmmas that read or write them.
+__device__ __forceinline__ void wgmma_fence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void wgmma_commit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Waits until at most kPending committed wgmma groups of this warp are still running.
+template <int kPending>
+__device__ __forceinline__ void wgmma_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Keeps the compiler from moving accumulator reads or writes across an asynchronous wgmma.
+template <int N>
+__device__ __forceinline__ void fence_registers(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+
+// The 128 accumulator operands of m64n256: thread (warp w, lane 4g + t) holds, for each 8-column
+// block j, C[16w + g][8j + 2t, +1] in d[4j], d[4j + 1] and C[16w + g + 8][8j + 2t, +1] in
+// d[4j + 2], d[4j + 3].
+#define MMV_ACC8(i)                                                                       \
+  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
+      "+f"(d[i + 6]), "+f"(d[i + 7])
+#define MMV_ACC64(i)                                                                     \
+  MMV_ACC8(i), MMV_ACC8(i + 8), MMV_ACC8(i + 16), MMV_ACC8(i + 24), MMV_ACC8(i + 32),    \
+      MMV_ACC8(i + 40), MMV_ACC8(i + 48), MMV_ACC8(i + 56)
+#define MMV_WGMMA_M64N256K16(TYPE)                                                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                               \
+  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE "\n{"                          \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "          \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "          \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "          \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "          \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "          \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "    \
+  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
+  "%126, %127},\n%128, %129, p, 1, 1, %131, %132;\n}\n"
+
+// D[64 x 256] (+)= A[64 x 16] B[16 x 256] for one warpgroup, float accumulation. `accumulate`
+// false overwrites D (the first step of a tile). kTransA / kTransB: A is M-major / B is N-major.
+template <bool kBf16, bool kTransA, bool kTransB>
+__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a_desc,
+                                                 uint64_t b_desc, bool accumulate) {
+  if constexpr (kBf16) {
+    asm volatile(MMV_WGMMA_M64N256K16("bf16")
+                 : MMV_ACC64(0), MMV_ACC64(64)
+                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)),
+                   "n"(static_cast<int>(kTransA)), "n"(static_cast<int>(kTransB)));
+  } else {
+    asm volatile(MMV_WGMMA_M64N256K16("f16")
+                 : MMV_ACC64(0), MMV_ACC64(64)
+                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)),
+                   "n"(static_cast<int>(kTransA)), "n"(static_cast<int>(kTransB)));
+  }
+}
+
+#undef MMV_WGMMA_M64N256K16
+#undef MMV_ACC64
+#undef MMV_ACC8
+
+}  // namespace mm_variants::cuda::hopper
