@@ -28,6 +28,12 @@ def cuda_algorithms() -> list[str]:
     return mmv.algorithms("cuda") if gpu_available() else []
 
 
+def a_dtype_of(algorithm: str, device: str = "cuda") -> torch.dtype:
+    """float32 where the algorithm takes it, else the first dtype it lists (16-bit-only rungs)."""
+    dtypes = [DTYPE_BY_C10_NAME[t] for t in mmv._C.algorithm_dtypes(device, algorithm)]
+    return torch.float32 if torch.float32 in dtypes else dtypes[0]
+
+
 @contextlib.contextmanager
 def runnable(algorithm: str, dtype: torch.dtype, device: str = "cuda"):
     """Yields the tolerance for `algorithm` on `dtype`, with TF32 allowed inside the block when the
@@ -97,8 +103,10 @@ def test_side_stream(algorithm):
     """The kernel runs on the current stream: here a side stream held back by a sleep, behind a
     copy into `a` that it must see."""
     torch.manual_seed(0)
-    with runnable(algorithm, torch.float32) as tolerance:
-        a, b = torch.randn(48, 200, device="cuda"), torch.randn(200, 300, device="cuda")
+    dtype = a_dtype_of(algorithm)
+    with runnable(algorithm, dtype) as tolerance:
+        a = torch.randn(48, 200, device="cuda").to(dtype)
+        b = torch.randn(200, 300, device="cuda").to(dtype)
         new_a = torch.randn_like(a)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -141,9 +149,10 @@ def test_cuda_graph_capture_and_replay(algorithm, dtype):
 def test_inputs_on_another_device(algorithm):
     """Inputs on cuda:1 while cuda:0 is current: the kernel runs on cuda:1's stream."""
     torch.manual_seed(0)
-    with torch.cuda.device(0), runnable(algorithm, torch.float32, "cuda:1") as tolerance:
-        a = torch.randn(48, 150, device="cuda:1")
-        b = torch.randn(150, 90, device="cuda:1")
+    dtype = a_dtype_of(algorithm, "cuda:1")
+    with torch.cuda.device(0), runnable(algorithm, dtype, "cuda:1") as tolerance:
+        a = torch.randn(48, 150, device="cuda:1").to(dtype)
+        b = torch.randn(150, 90, device="cuda:1").to(dtype)
         out = mmv.matmul(a, b, algorithm)
         assert torch.cuda.current_device() == 0
         check(out, a, b, tolerance)
