@@ -16,6 +16,10 @@
 //   setmaxnreg moves registers from the producer, which needs few, to the consumers.
 // - Persistent grid: one block per SM walks output tiles in grouped order (grouped_tile), so the
 //   producer loads the next tile's stages while the consumers store the previous one.
+// - Clusters: two blocks on neighbouring SMs take the two 128-row halves of a 256 x 256 tile and
+//   share its B tile: each copies half of it and TMA multicasts the half into both blocks' shared
+//   memory, so a block reads 32 KB of L2 per stage instead of 48. A stage is free again once the
+//   consumers of both blocks have read it.
 //
 // Tile parameters: BM x BN = 128 x 256, BK = 64 (one 128-byte swizzle row of 16-bit elements),
 // kStages = 4 (48 KB each). fp16 and bf16 only, float32 accumulation; the output is written in
@@ -32,28 +36,32 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <mutex>
 
 namespace mm_variants::cuda {
 namespace {
 
-constexpr int BM = 128, BN = 256, BK = 64, kStages = 4, kGroupM = 8;
+constexpr int BM = 128, BN = 256, BK = 64, kStages = 4;
+[[maybe_unused]] constexpr int kGroupM = 16;  // tile rows per group of the grouped tile order
 constexpr int kConsumers = 2;                       // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);    // the producer warpgroup comes first
 constexpr int kATile = BM * BK, kBTile = BN * BK;   // elements of one stage
 constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
 constexpr int kBox = 64;                            // 128 bytes: the swizzle row
-constexpr int kBoxBytes = kBox * kBox * 2;          // a 64 x 64 box, 8 KB
+[[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;          // a 64 x 64 box, 8 KB
 constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + alignment slack
 static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 rows per consumer");
 
 // Registers per thread after setmaxnreg: 128 accumulators plus addressing for the consumers, the
 // minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
-constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+[[maybe_unused]] constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
-// Output tiles of an M x N product; the host checks that it fits an int.
+// Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
+// checks that the count fits an int.
+template <int kCluster = 1>
 __host__ __device__ __forceinline__ int64_t tile_count(int64_t M, int64_t N) {
-  return ((M - 1) / BM + 1) * ((N - 1) / BN + 1);
+  return ((M - 1) / (kCluster * BM) + 1) * ((N - 1) / BN + 1);
 }
 
 // Where a stage's tiles live and how a k16 step of them is described to wgmma (hopper.cuh).
@@ -64,16 +72,46 @@ __device__ __forceinline__ uint64_t step_descriptor(const uint16_t* tile, int k1
   return hopper::smem_descriptor(tile + 16 * kBox * k16, kBoxBytes, 1024);
 }
 
-// The producer thread: for each tile and K step, waits for the stage to be free, then copies A
-// (BM x BK) and B (BN x BK) into it. K-major tiles are one box of 64 x rows; M/N-major tiles are
-// 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
-template <bool kAK, bool kBK>
+// The tiles of a persistent block: every gridDim.x / kCluster-th cluster tile from its cluster's
+// index. A cluster tile is kCluster block tiles stacked along M that share their B tile; each
+// block of the cluster takes one of them (its rank).
+template <int kCluster>
+struct TileWalk {
+  int cluster_tiles, M, N;
+
+  __device__ __forceinline__ TileWalk(int M_, int N_)
+      : cluster_tiles(static_cast<int>(tile_count<kCluster>(M_, N_))), M(M_), N(N_) {}
+  __device__ __forceinline__ int first() const { return blockIdx.x / kCluster; }
+  __device__ __forceinline__ int stride() const { return gridDim.x / kCluster; }
+  // The block's output origin (first row, first column) in cluster tile t.
+  __device__ __forceinline__ int2 origin(int t, int rank) const {
+    const int2 o = grouped_tile<kCluster * BM, BN, kGroupM / kCluster>(t, M, N);
+    return make_int2(o.x + rank * BM, o.y);
+  }
+};
+
+// The producer thread: for each tile and K step, waits until the stage is free in every block of
+// the cluster, then copies A (BM x BK) into its own block and its 1 / kCluster share of B
+// (BN x BK) into every block of the cluster. K-major tiles are boxes of 64 x rows; M/N-major
+// tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
+template <bool kAK, bool kBK, int kCluster>
 __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint16_t* a_tiles,
-                        uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N, int K) {
-  const int tiles = tile_count(M, N), k_steps = (K - 1) / BK + 1;
+                        uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N, int K,
+                        int rank) {
+  const TileWalk<kCluster> walk(M, N);
+  const int k_steps = (K - 1) / BK + 1;
+  constexpr uint16_t kAllCtas = (1u << kCluster) - 1;
+  const auto load_b = [&](uint16_t* dst, uint64_t* bar, int c0, int c1) {
+    if constexpr (kCluster == 1) {
+      hopper::tma_load_2d(dst, b_map, bar, c0, c1);
+    } else {
+      hopper::tma_load_2d_multicast(dst, b_map, bar, c0, c1, kAllCtas);
+    }
+  };
   int it = 0;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int2 origin = grouped_tile<BM, BN, kGroupM>(t, M, N);
+  for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
+    const int2 origin = walk.origin(t, rank);
+    const int n0 = origin.y;
     for (int ks = 0; ks < k_steps; ++ks, ++it) {
       const int s = it % kStages, k0 = ks * BK;
       hopper::mbarrier_wait(&empty[s], ((it / kStages) & 1) ^ 1);
@@ -87,12 +125,15 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
         for (int j = 0; j < BM / kBox; ++j)
           hopper::tma_load_2d(a + j * kBox * kBox, a_map, &full[s], origin.x + j * kBox, k0);
       }
-      if constexpr (kBK) {
-        hopper::tma_load_2d(b, b_map, &full[s], k0, origin.y);
-      } else {
+      if constexpr (kBK) {  // this block's BN / kCluster rows of the tile
+        constexpr int kRows = BN / kCluster;
+        load_b(b + rank * kRows * kBox, &full[s], k0, n0 + rank * kRows);
+      } else {  // this block's boxes of the tile
 #pragma unroll
-        for (int j = 0; j < BN / kBox; ++j)
-          hopper::tma_load_2d(b + j * kBox * kBox, b_map, &full[s], origin.y + j * kBox, k0);
+        for (int j = 0; j < BN / kBox / kCluster; ++j) {
+          const int box = j * kCluster + rank;
+          load_b(b + box * kBox * kBox, &full[s], n0 + box * kBox, k0);
+        }
       }
     }
   }
@@ -127,18 +168,31 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], T* c, int M,
   }
 }
 
+// Hands stage `bar` back: each consumer warp arrives on it in every block of the cluster, since
+// every block's producer writes into this block's copy of the stage.
+template <int kCluster>
+__device__ __forceinline__ void release_stage(uint64_t* bar) {
+  if constexpr (kCluster == 1) {
+    hopper::mbarrier_arrive(bar);
+  } else {
+#pragma unroll
+    for (int cta = 0; cta < kCluster; ++cta) hopper::mbarrier_arrive_cluster(bar, cta);
+  }
+}
+
 // A consumer warpgroup: for each tile, 4 wgmmas per stage into its 64 rows, at most one group
 // in flight; a stage is handed back once the group that read it has completed.
-template <typename T, bool kAK, bool kBK>
+template <typename T, bool kAK, bool kBK, int kCluster>
 __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint64_t* full,
-                        uint64_t* empty, T* c, int M, int N, int K) {
+                        uint64_t* empty, T* c, int M, int N, int K, int rank) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
-  const int tiles = tile_count(M, N), k_steps = (K - 1) / BK + 1;
+  const TileWalk<kCluster> walk(M, N);
+  const int k_steps = (K - 1) / BK + 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
   float acc[128];
   int it = 0;
-  for (int t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int2 origin = grouped_tile<BM, BN, kGroupM>(t, M, N);
+  for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
+    const int2 origin = walk.origin(t, rank);
     int previous = 0;
     for (int ks = 0; ks < k_steps; ++ks, ++it) {
       const int s = it % kStages;
@@ -156,48 +210,62 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
       hopper::wgmma_commit();
       hopper::wgmma_wait<1>();
       hopper::fence_registers(acc);
-      if (ks > 0 && warp_leader) hopper::mbarrier_arrive(&empty[previous]);
+      if (ks > 0 && warp_leader) release_stage<kCluster>(&empty[previous]);
       previous = s;
     }
     hopper::wgmma_wait<0>();
     hopper::fence_registers(acc);
-    if (warp_leader) hopper::mbarrier_arrive(&empty[previous]);
+    if (warp_leader) release_stage<kCluster>(&empty[previous]);
     store_tile(acc, c, M, N, origin.x + consumer * 64, origin.y);
   }
 }
 
-template <typename T, bool kAK, bool kBK>
+// kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast.
+template <typename T, bool kAK, bool kBK, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
                  const __grid_constant__ CUtensorMap b_map, T* c, int M, int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
-  // 128-byte swizzled tiles must start on 1024-byte boundaries (the swizzle atom).
+  // 128-byte swizzled tiles must start on 1024-byte boundaries (the swizzle atom). The offset is
+  // the same in every block, as multicast copies and remote arrivals need.
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
   uint16_t* a_tiles = reinterpret_cast<uint16_t*>(smem);
   uint16_t* b_tiles = a_tiles + kStages * kATile;
   uint64_t* full = reinterpret_cast<uint64_t*>(b_tiles + kStages * kBTile);
   uint64_t* empty = full + kStages;
+  const int rank = kCluster == 1 ? 0 : static_cast<int>(hopper::cluster_cta_rank());
   if (threadIdx.x == 0) {
     hopper::prefetch_tensor_map(&a_map);
     hopper::prefetch_tensor_map(&b_map);
     for (int s = 0; s < kStages; ++s) {
       hopper::mbarrier_init(&full[s], 1);
-      hopper::mbarrier_init(&empty[s], kConsumers * 4);
+      hopper::mbarrier_init(&empty[s], kCluster * kConsumers * 4);
     }
     hopper::fence_barrier_init();
   }
-  __syncthreads();
+  // The other blocks of the cluster copy into this one and arrive on its barriers: they may
+  // start only once its barriers exist.
+  if constexpr (kCluster == 1) {
+    __syncthreads();
+  } else {
+    hopper::cluster_sync();
+  }
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
     hopper::setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x == 0) produce<kAK, kBK>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, K);
+    if (threadIdx.x == 0) {
+      produce<kAK, kBK, kCluster>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, K, rank);
+    }
   } else {
     hopper::setmaxnreg_inc<kConsumerRegs>();
-    consume<T, kAK, kBK>(warpgroup - 1, a_tiles, b_tiles, full, empty, c, M, N, K);
+    consume<T, kAK, kBK, kCluster>(warpgroup - 1, a_tiles, b_tiles, full, empty, c, M, N, K,
+                                   rank);
   }
+  // No block may exit while another block of its cluster can still write into its shared memory.
+  if constexpr (kCluster > 1) hopper::cluster_sync();
 #endif
 }
 
@@ -248,22 +316,63 @@ CUtensorMap operand_map(const P& p, int64_t x_extent, int64_t K, int rows) {
                          : tile_map(p.data, x_extent, K, p.ld, kBox);
 }
 
-template <class G>
+// Clusters of `config`'s shape that fit on the device at once: the persistent grid's size. Asked
+// once per kernel and device (the answer depends on how SMs group into GPCs).
+template <class Kernel>
+int resident_clusters(Kernel* kernel, const cudaLaunchConfig_t& config) {
+  static std::mutex mutex;
+  static std::map<int, int> by_device;
+  const int device = c10::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto found = by_device.find(device);
+  if (found != by_device.end()) return found->second;
+  int clusters = 0;
+  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+  TORCH_CHECK(clusters > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
+              device_properties(device).name);
+  return by_device[device] = clusters;
+}
+
+// Launches the persistent grid: one block per SM (as many clusters as fit), never more blocks
+// than tiles.
+template <int kCluster, class G>
 void launch(const G& g) {
   using T = typename G::scalar;
   constexpr bool kAK = decltype(G::a)::k_contiguous, kBK = decltype(G::b)::k_contiguous;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
-  const CUtensorMap b_map = operand_map(g.b, g.N, g.K, BN);
-  auto* kernel = wgmma_kernel<T, kAK, kBK>;
+  const CUtensorMap b_map = operand_map(g.b, g.N, g.K, BN / kCluster);
+  auto* kernel = wgmma_kernel<T, kAK, kBK, kCluster>;
   allow_dynamic_smem(kernel, kSmemBytes);
-  const int64_t tiles = tile_count(g.M, g.N);
-  TORCH_CHECK(tiles <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
+  const int64_t cluster_tiles = tile_count<kCluster>(g.M, g.N);
+  TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
-  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
-  kernel<<<blocks, kThreads, kSmemBytes, c10::cuda::getCurrentCUDAStream()>>>(a_map, b_map, g.c,
-                                                                            g.M, g.N, g.K);
+
+  cudaLaunchAttribute cluster_shape;
+  cluster_shape.id = cudaLaunchAttributeClusterDimension;
+  cluster_shape.val.clusterDim.x = kCluster;
+  cluster_shape.val.clusterDim.y = 1;
+  cluster_shape.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config = {};
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = c10::cuda::getCurrentCUDAStream();
+  config.attrs = &cluster_shape;
+  config.numAttrs = 1;
+  config.gridDim = dim3(kCluster);  // the occupancy query reads the cluster shape from here
+  const int64_t clusters = std::min<int64_t>(cluster_tiles, resident_clusters(kernel, config));
+  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
+  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, b_map, g.c, g.M, g.N, g.K));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// Pairs of blocks along M share B when there are two tile rows to pair.
+template <class G>
+void launch(const G& g) {
+  if (g.M > BM) {
+    launch<2>(g);
+  } else {
+    launch<1>(g);
+  }
 }
 
 template <typename T>

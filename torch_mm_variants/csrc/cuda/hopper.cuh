@@ -55,6 +55,37 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
   } while (!done);
 }
 
+// Arrives on the barrier at `bar`'s offset in the shared memory of CTA `cta` of the cluster. The
+// default (CTA-scope) release suffices for a consumer handing back a stage it has finished
+// reading; a cluster-scope release here costs a third of the matmul's throughput.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile(
+      "{\n.reg .b32 remote;\n"
+      "mapa.shared::cluster.u32 remote, %0, %1;\n"
+      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
+          smem_addr(bar)),
+      "r"(cta)
+      : "memory");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Thread-block clusters: CTAs launched together on neighbouring SMs that can reach each other's
+// shared memory.
+
+__device__ __forceinline__ uint32_t cluster_cta_rank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+
+// Every thread of every CTA of the cluster: shared-memory writes before it (barrier inits
+// included) are visible cluster-wide after it.
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile(
+      "barrier.cluster.arrive.release.aligned;\n"
+      "barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+
 // ---------------------------------------------------------------------------------------------
 // TMA: one thread copies a whole box of a 2-D tensor (described by a CUtensorMap built on the
 // host) into shared memory; elements outside the tensor arrive as zeros, so edge tiles need no
@@ -66,6 +97,18 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
       "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+      : "memory");
+}
+
+// The same box delivered to the same shared-memory offset of every CTA of the cluster in
+// `cta_mask`, each signalling its own barrier at `bar`'s offset: one read of L2 feeds them all.
+__device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
+                                                      uint64_t* bar, int c0, int c1,
+                                                      uint16_t cta_mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(cta_mask)
       : "memory");
 }
 
