@@ -22,8 +22,9 @@
 //   consumers of both blocks have read it.
 //
 // Tile parameters: BM x BN = 128 x 256, BK = 64 (one 128-byte swizzle row of 16-bit elements),
-// kStages = 4 (48 KB each). fp16 and bf16 only, float32 accumulation; the output is written in
-// the input dtype straight from the accumulators.
+// kStages = 4 (48 KB each). fp16 and bf16 only, float32 accumulation. The epilogue converts the
+// accumulators to the input dtype into a swizzled staging buffer and stores it with TMA, so the
+// consumers start the next tile while the copy engine writes the last one.
 //
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
@@ -50,7 +51,10 @@ constexpr int kATile = BM * BK, kBTile = BN * BK;   // elements of one stage
 constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
 constexpr int kBox = 64;                            // 128 bytes: the swizzle row
 [[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;          // a 64 x 64 box, 8 KB
-constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + alignment slack
+// The epilogue stages a consumer's tile in rounds of kStoreCols columns: 64 x 64 boxes, 8 KB.
+constexpr int kStoreCols = 128, kStaging = 64 * kStoreCols;
+constexpr int kSmemBytes =
+    kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
 static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 rows per consumer");
 
 // Registers per thread after setmaxnreg: 128 accumulators plus addressing for the consumers, the
@@ -139,7 +143,8 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
   }
 }
 
-// Writes a consumer's 64 x BN accumulators to C in T, two columns per store where N allows it.
+// Writes a consumer's 64 x BN accumulators to C in T, two columns per store where N allows it:
+// the epilogue for outputs that TMA cannot address (N not a multiple of 8).
 template <typename T>
 __device__ __forceinline__ void store_tile(const float (&acc)[128], T* c, int M, int N, int row0,
                                            int col0) {
@@ -168,6 +173,49 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], T* c, int M,
   }
 }
 
+// The epilogue for the rest: the warpgroup writes kStoreCols columns of its accumulators into its
+// staging buffer, as 64 x 64 boxes with the 128-byte swizzle the copies use (conflict-free: the
+// 8 rows of a warp's store land in 8 different 16-byte chunks), and one thread hands the boxes to
+// TMA, which stores them (clipped at the matrix edges) while the warpgroup moves on. Before a
+// buffer is refilled, the stores that read it must have done so.
+template <typename T>
+__device__ __forceinline__ void store_tile_async(const float (&acc)[128], uint16_t* staging,
+                                                 const CUtensorMap* c_map, int consumer, int row0,
+                                                 int col0) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+  const bool issuer = threadIdx.x % 128 == 0;
+  const int barrier = 1 + consumer;
+#pragma unroll
+  for (int round = 0; round < BN / kStoreCols; ++round) {
+    if (issuer) hopper::tma_store_wait<true>();
+    hopper::named_barrier_sync(barrier, 128);
+#pragma unroll
+    for (int jj = 0; jj < kStoreCols / 8; ++jj) {
+      const int j = round * (kStoreCols / 8) + jj;
+      uint8_t* box = reinterpret_cast<uint8_t*>(staging + jj / 8 * kBox * kBox);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = 16 * warp + lane / 4 + 8 * h;
+        Vec<T, 2> v;
+        v.v[0] = static_cast<T>(acc[4 * j + 2 * h]);
+        v.v[1] = static_cast<T>(acc[4 * j + 2 * h + 1]);
+        *reinterpret_cast<Vec<T, 2>*>(box + row * 128 + ((jj % 8) ^ (row % 8)) * 16 +
+                                      lane % 4 * 4) = v;
+      }
+    }
+    hopper::fence_async_shared();
+    hopper::named_barrier_sync(barrier, 128);
+    if (issuer) {
+#pragma unroll
+      for (int b = 0; b < kStoreCols / kBox; ++b) {
+        hopper::tma_store_2d(c_map, staging + b * kBox * kBox, col0 + round * kStoreCols + b * kBox,
+                             row0);
+      }
+      hopper::tma_store_commit();
+    }
+  }
+}
+
 // Hands stage `bar` back: each consumer warp arrives on it in every block of the cluster, since
 // every block's producer writes into this block's copy of the stage.
 template <int kCluster>
@@ -183,8 +231,9 @@ __device__ __forceinline__ void release_stage(uint64_t* bar) {
 // A consumer warpgroup: for each tile, 4 wgmmas per stage into its 64 rows, at most one group
 // in flight; a stage is handed back once the group that read it has completed.
 template <typename T, bool kAK, bool kBK, int kCluster>
-__device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint64_t* full,
-                        uint64_t* empty, T* c, int M, int N, int K, int rank) {
+__device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
+                        uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, T* c, int M,
+                        int N, int K, int rank) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const TileWalk<kCluster> walk(M, N);
   const int k_steps = (K - 1) / BK + 1;
@@ -216,15 +265,23 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     hopper::wgmma_wait<0>();
     hopper::fence_registers(acc);
     if (warp_leader) release_stage<kCluster>(&empty[previous]);
-    store_tile(acc, c, M, N, origin.x + consumer * 64, origin.y);
+    if (c_map != nullptr) {
+      store_tile_async<T>(acc, staging, c_map, consumer, origin.x + consumer * 64, origin.y);
+    } else {
+      store_tile(acc, c, M, N, origin.x + consumer * 64, origin.y);
+    }
   }
+  // Shared memory must outlive the stores that read it.
+  if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait<false>();
 }
 
 // kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast.
 template <typename T, bool kAK, bool kBK, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
-                 const __grid_constant__ CUtensorMap b_map, T* c, int M, int N, int K) {
+                 const __grid_constant__ CUtensorMap b_map,
+                 const __grid_constant__ CUtensorMap c_map, bool tma_store, T* c, int M, int N,
+                 int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzled tiles must start on 1024-byte boundaries (the swizzle atom). The offset is
@@ -233,12 +290,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
   uint16_t* a_tiles = reinterpret_cast<uint16_t*>(smem);
   uint16_t* b_tiles = a_tiles + kStages * kATile;
-  uint64_t* full = reinterpret_cast<uint64_t*>(b_tiles + kStages * kBTile);
+  uint16_t* staging = b_tiles + kStages * kBTile;  // one buffer per consumer
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStaging);
   uint64_t* empty = full + kStages;
   const int rank = kCluster == 1 ? 0 : static_cast<int>(hopper::cluster_cta_rank());
   if (threadIdx.x == 0) {
     hopper::prefetch_tensor_map(&a_map);
     hopper::prefetch_tensor_map(&b_map);
+    if (tma_store) hopper::prefetch_tensor_map(&c_map);
     for (int s = 0; s < kStages; ++s) {
       hopper::mbarrier_init(&full[s], 1);
       hopper::mbarrier_init(&empty[s], kCluster * kConsumers * 4);
@@ -261,8 +320,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     hopper::setmaxnreg_inc<kConsumerRegs>();
-    consume<T, kAK, kBK, kCluster>(warpgroup - 1, a_tiles, b_tiles, full, empty, c, M, N, K,
-                                   rank);
+    const int consumer = warpgroup - 1;
+    consume<T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
+                                   full, empty, tma_store ? &c_map : nullptr, c, M, N, K, rank);
   }
   // No block may exit while another block of its cluster can still write into its shared memory.
   if constexpr (kCluster > 1) hopper::cluster_sync();
@@ -341,6 +401,9 @@ void launch(const G& g) {
   constexpr bool kAK = decltype(G::a)::k_contiguous, kBK = decltype(G::b)::k_contiguous;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
   const CUtensorMap b_map = operand_map(g.b, g.N, g.K, BN / kCluster);
+  // C rows must start on 16-byte boundaries for TMA to store them.
+  const bool tma_store = g.N % (16 / sizeof(T)) == 0;
+  const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.N, kBox) : CUtensorMap{};
   auto* kernel = wgmma_kernel<T, kAK, kBK, kCluster>;
   allow_dynamic_smem(kernel, kSmemBytes);
   const int64_t cluster_tiles = tile_count<kCluster>(g.M, g.N);
@@ -361,7 +424,8 @@ void launch(const G& g) {
   config.gridDim = dim3(kCluster);  // the occupancy query reads the cluster shape from here
   const int64_t clusters = std::min<int64_t>(cluster_tiles, resident_clusters(kernel, config));
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a_map, b_map, g.c, g.M, g.N, g.K));
+  C10_CUDA_CHECK(
+      cudaLaunchKernelEx(&config, kernel, a_map, b_map, c_map, tma_store, g.c, g.M, g.N, g.K));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
