@@ -29,6 +29,8 @@ if [ -x scripts/sanitize.sh ] && [ "${SKIP_SANITIZER:-0}" != 1 ]; then
 fi
 
 step benchmark
+# The Hopper rung exists only on sm_90 GPUs of an sm_90a build.
+HOPPER=$(python3 -c "import torch_mm_variants as m; print(',wgmma' if 'wgmma' in m.algorithms('cuda') else '')")
 bench() {  # bench NAME ARGS...
   local name=$1; shift
   python3 -m torch_mm_variants.bench --sizes "$SIZES" --output "$OUT/bench_$name.json" "$@" \
@@ -36,7 +38,11 @@ bench() {  # bench NAME ARGS...
 }
 bench fp32 --dtype float32
 bench tf32 --dtype float32 --tf32 --algorithms auto,warp_tiling,tensor_core
-bench bf16 --dtype bfloat16 --algorithms auto,block_tiled_vectorized,warp_tiling,tensor_core
-bench fp16 --dtype float16 --algorithms auto,warp_tiling,tensor_core
+bench bf16 --dtype bfloat16 --algorithms "auto,block_tiled_vectorized,warp_tiling,tensor_core$HOPPER"
+bench fp16 --dtype float16 --algorithms "auto,warp_tiling,tensor_core$HOPPER"
+# nn.Linear shapes of a Llama-style model: 4096 tokens, weight [N, K].
+LINEAR_SIZES=4096x4096x4096,4096x14336x4096,4096x4096x14336
+SIZES=$LINEAR_SIZES bench linear_bf16 --dtype bfloat16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
+SIZES=$LINEAR_SIZES bench linear_fp16 --dtype float16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
 python3 scripts/bench_skinny.py 2>/dev/null | tee "$OUT/bench_skinny.md" || status=1
 exit $status
