@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import algorithm_dtype_params, assert_result, devices, relative_error, run_accepted
+from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_result, devices,
+                      gpu_available, relative_error, run_accepted)
 
 
 def reference(a, b):
@@ -32,6 +33,64 @@ def test_batches(device, algorithm, dtype):
         check_bmm(a, b[0], algorithm)  # shared b
         w = torch.randn(n, k, device=device).to(dtype)
         check_bmm(a, w.t(), algorithm)  # shared nn.Linear weight, read in place
+
+
+def batched_params() -> list:
+    """(device, algorithm, dtype) for tensor_core, which runs a batch in one launch, on a GPU that
+    has it, and for the CPU's parallel rung, which runs it entry by entry, as a check of the
+    same inputs."""
+    rungs = [("cpu", "parallel")]
+    if gpu_available() and "tensor_core" in mmv.algorithms("cuda"):
+        rungs.append(("cuda", "tensor_core"))
+    return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
+            for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
+
+
+def batch_operand(batch, rows, cols, dtype, device, layout):
+    """A [batch, rows, cols] tensor whose entries are row-major ("row"), column-major ("col"),
+    one element into the storage, so no entry is 16-byte aligned ("offset"), one element apart,
+    so that entry 0 is aligned and the next ones are not ("gap"), or neither row- nor
+    column-major ("strided"); "shared" is a 2-D [rows, cols] for every entry, "shared_col" its
+    transposed view (an nn.Linear weight's w.t()), "expanded" a 2-D tensor expanded to the batch
+    (batch stride 0)."""
+    randn = lambda *shape: torch.randn(*shape, device=device).to(dtype)  # noqa: E731
+    if layout == "row":
+        return randn(batch, rows, cols)
+    if layout == "col":
+        return randn(batch, cols, rows).transpose(1, 2)
+    if layout == "offset":
+        return randn(batch * rows * cols + 1)[1:].view(batch, rows, cols)
+    if layout == "gap":
+        return randn(batch, rows * cols + 1)[:, :rows * cols].view(batch, rows, cols)
+    if layout == "strided":
+        return randn(batch, rows, 2 * cols)[:, :, ::2]
+    if layout == "shared":
+        return randn(rows, cols)
+    if layout == "shared_col":
+        return randn(cols, rows).t()
+    if layout == "expanded":
+        return randn(rows, cols).expand(batch, rows, cols)
+    raise ValueError(layout)
+
+
+# (batch, M, N, K): each of the edge sizes 1, 7, 63, 65, 127, 129 once in every position, one
+# entry alone, aligned leading dimensions (for "gap"), and several tiles in both dimensions.
+BATCH_SHAPES = [(3, 1, 7, 63), (3, 7, 63, 65), (3, 63, 65, 127), (3, 65, 127, 129),
+                (3, 127, 129, 1), (3, 129, 1, 7), (1, 65, 63, 127), (3, 64, 64, 64),
+                (2, 300, 520, 200)]
+A_LAYOUTS = ["row", "col", "offset", "gap", "strided"]
+B_LAYOUTS = A_LAYOUTS + ["shared", "shared_col", "expanded"]
+
+
+@pytest.mark.parametrize("a_layout", A_LAYOUTS)
+@pytest.mark.parametrize("device,algorithm,dtype", batched_params())
+def test_batch_layouts_and_edges(device, algorithm, dtype, a_layout):
+    """Every entry layout of a against every per-entry or shared b, at edge sizes."""
+    torch.manual_seed(0)
+    for batch, m, n, k in BATCH_SHAPES:
+        for b_layout in B_LAYOUTS:
+            check_bmm(batch_operand(batch, m, k, dtype, device, a_layout),
+                      batch_operand(batch, k, n, dtype, device, b_layout), algorithm)
 
 
 @pytest.mark.parametrize("device", devices())

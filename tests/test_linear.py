@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import algorithm_dtype_params, assert_result, devices, relative_error, run_accepted
+from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_result, devices,
+                      gpu_available, random_matrix, relative_error, run_accepted)
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 REFERENCE = {
@@ -44,6 +45,49 @@ def test_activations_bias_and_batch_dims(device, algorithm, dtype):
             x = torch.randn(*x_shape, device=device).to(dtype)
             check_linear(x, weight, bias, activation, algorithm)
             check_linear(x, weight, None, activation, algorithm)
+
+
+def fused_params() -> list:
+    """(device, algorithm, dtype) for the rungs that fuse the epilogue into their store: the CPU's
+    parallel rung and, on a GPU that has it, tensor_core."""
+    rungs = [("cpu", "parallel")]
+    if gpu_available() and "tensor_core" in mmv.algorithms("cuda"):
+        rungs.append(("cuda", "tensor_core"))
+    return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
+            for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
+
+
+def operand(rows, cols, dtype, device, layout):
+    """random_matrix's layouts, and "offset": contiguous one element into its storage, so that
+    neither its pointer nor (for a bias) its elements are 16-byte aligned."""
+    if layout == "offset":
+        return torch.randn(rows * cols + 1, device=device).to(dtype)[1:].view(rows, cols)
+    return random_matrix(rows, cols, dtype, device, layout)
+
+
+# (M, N, K): each of the edge sizes 1, 7, 63, 65, 127, 129 once in every position, and several
+# tiles of the tensor-core rung in both dimensions.
+EDGE_SHAPES = [(1, 7, 63), (7, 63, 65), (63, 65, 127), (65, 127, 129), (127, 129, 1),
+               (129, 1, 7), (300, 520, 200)]
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+@pytest.mark.parametrize("device,algorithm,dtype", fused_params())
+def test_fused_epilogue_edges_and_layouts(device, algorithm, dtype, activation):
+    """The fused store at edge sizes, with and without a bias (one that is misaligned, too). Weight
+    "row" is nn.Linear's own [N, K] layout, which tensor_core fuses; an x or weight in another
+    layout takes its unfused path; "offset" operands take its element-by-element copies."""
+    torch.manual_seed(0)
+    for m, n, k in EDGE_SHAPES:
+        bias = operand(1, n, dtype, device, "row")[0]
+        for x_layout in ["row", "col", "offset"]:
+            for w_layout in ["row", "col", "offset"]:
+                check_linear(operand(m, k, dtype, device, x_layout),
+                             operand(n, k, dtype, device, w_layout), bias, activation, algorithm)
+        x, weight = operand(m, k, dtype, device, "row"), operand(n, k, dtype, device, "row")
+        check_linear(x, weight, None, activation, algorithm)
+        misaligned_bias = operand(1, n, dtype, device, "offset")[0]
+        check_linear(x, weight, misaligned_bias, activation, algorithm)
 
 
 @pytest.mark.parametrize("device", devices())

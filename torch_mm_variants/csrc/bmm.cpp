@@ -1,11 +1,12 @@
 // mm_variants::bmm: a batch of products, out[i] = a[i] @ b[i] for a [B, M, K] and b [B, K, N],
 // or out[i] = a[i] @ b for a shared 2-D b [K, N] (e.g. a weight).
 //
-// One kernel serves every device (CompositeExplicitAutograd): it validates once, chooses the
-// algorithm once for the batch's shape, and runs it on each batch entry's views, which every
-// algorithm reads in place whatever their strides. Each entry's output starts on a 16-byte
-// boundary, as the vectorized stores of the GPU kernels need; when M * N elements do not fill
-// whole 16-byte units the padded result is compacted at the end.
+// One kernel serves every device (CompositeExplicitAutograd): it validates once and chooses the
+// algorithm once for the batch's shape. Algorithms with a batched kernel (run_batched) take the
+// whole batch in one launch; the others run on each batch entry's views, which every algorithm
+// reads in place whatever their strides. Each entry's output starts on a 16-byte boundary, as the
+// vectorized stores of the GPU kernels need; when M * N elements do not fill whole 16-byte units
+// the padded result is compacted at the end.
 #include "matmul.h"
 
 #include <ATen/ATen.h>
@@ -40,9 +41,13 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algori
   const int64_t per_unit = std::max<int64_t>(1, 16 / static_cast<int64_t>(a.element_size()));
   const int64_t stride = (m * n + per_unit - 1) / per_unit * per_unit;  // elements per entry
   at::Tensor storage = new_output(batch, stride, a.options());
-  for (int64_t i = 0; i < batch; ++i) {
-    at::Tensor out = storage.select(0, i).narrow(0, 0, m * n).view({m, n});
-    chosen.run(a.select(0, i), b_of(i), out);
+  if (chosen.run_batched != nullptr) {
+    chosen.run_batched(a, b, storage);
+  } else {
+    for (int64_t i = 0; i < batch; ++i) {
+      at::Tensor out = storage.select(0, i).narrow(0, 0, m * n).view({m, n});
+      chosen.run(a.select(0, i), b_of(i), out);
+    }
   }
   const at::Tensor result = storage.narrow(1, 0, m * n);
   return (stride == m * n ? result : result.contiguous()).view({batch, m, n});

@@ -21,6 +21,10 @@ struct Epilogue {
   Activation activation = Activation::kNone;
 };
 
+// Applies the epilogue in place with ATen ops, on an output already rounded to its dtype: for
+// kernels that do not fuse it, and for inputs a fused kernel leaves to the unfused path.
+void apply_epilogue(const Epilogue& epilogue, at::Tensor& out);
+
 template <typename A>
 inline A activate(A x, Activation activation) {
   switch (activation) {

@@ -41,17 +41,6 @@ void check_linear_inputs(const at::Tensor& x, const at::Tensor& weight,
               bias->device(), " and ", weight.device());
 }
 
-void apply_unfused(const Epilogue& epilogue, at::Tensor& out) {
-  if (epilogue.bias.defined()) out.add_(epilogue.bias);
-  switch (epilogue.activation) {
-    case Activation::kRelu: out.relu_(); break;
-    case Activation::kGelu: at::gelu_(out, "none"); break;
-    case Activation::kGeluTanh: at::gelu_(out, "tanh"); break;
-    case Activation::kSilu: at::silu_(out); break;
-    default: break;
-  }
-}
-
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
                   const c10::optional<at::Tensor>& bias, c10::string_view activation,
                   c10::string_view algorithm) {
@@ -69,7 +58,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t m = rows.size(0), n = weight.size(0);
   if (m == 0 || n == 0 || rows.size(1) == 0) {  // x @ weight^T is all zeros (or empty)
     at::Tensor out = at::zeros({m, n}, x.options());
-    apply_unfused(epilogue, out);
+    apply_epilogue(epilogue, out);
     return out.view(shape);
   }
   at::Tensor out = new_output(m, n, x.options());
@@ -77,12 +66,23 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
     chosen.run_fused(rows, weight_t, epilogue, out);
   } else {
     chosen.run(rows, weight_t, out);
-    apply_unfused(epilogue, out);
+    apply_epilogue(epilogue, out);
   }
   return out.view(shape);
 }
 
 }  // namespace
+
+void apply_epilogue(const Epilogue& epilogue, at::Tensor& out) {
+  if (epilogue.bias.defined()) out.add_(epilogue.bias);
+  switch (epilogue.activation) {
+    case Activation::kRelu: out.relu_(); break;
+    case Activation::kGelu: at::gelu_(out, "none"); break;
+    case Activation::kGeluTanh: at::gelu_(out, "tanh"); break;
+    case Activation::kSilu: at::silu_(out); break;
+    default: break;
+  }
+}
 
 Activation parse_activation(c10::string_view name) {
   if (name == "none") return Activation::kNone;

@@ -25,6 +25,12 @@ struct Epilogue;
 using FusedMatmulKernel = void (*)(const at::Tensor& a, const at::Tensor& b,
                                    const Epilogue& epilogue, at::Tensor& out);
 
+// A whole mm_variants::bmm batch in one launch: out[i] = a[i] @ b[i], or a[i] @ b for a shared
+// 2-D b. `a` is [B, M, K] and `b` [B, K, N] or [K, N], with arbitrary strides (entries of one
+// tensor share their layout); `out` is a fresh contiguous [B, S] tensor whose row i starts with
+// entry i's contiguous [M, N] result (S >= M * N, rows 16-byte aligned). B, M, N, K >= 1.
+using BatchedMatmulKernel = void (*)(const at::Tensor& a, const at::Tensor& b, at::Tensor& out);
+
 // Whether an algorithm can run on a given device (e.g. needs sm_90) or on given inputs
 // (e.g. TF32 for float32 only when the user allows it). Null means "always".
 using DevicePredicate = bool (*)(c10::Device device);
@@ -44,6 +50,8 @@ struct Algorithm {
   bool auto_candidate = true;
   // Set by kernels that fuse mm_variants::linear's bias and activation into their store.
   FusedMatmulKernel run_fused = nullptr;
+  // Set by kernels that take a whole batch in one launch; bmm runs the others entry by entry.
+  BatchedMatmulKernel run_batched = nullptr;
 
   bool supports(c10::ScalarType dtype) const;
 };

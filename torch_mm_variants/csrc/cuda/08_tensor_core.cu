@@ -16,6 +16,10 @@
 // - Epilogue: each warp stages 16 rows of its tile in shared memory and writes them with 16-byte
 //   stores in the input dtype. Thread blocks walk C in groups of kGroupM tile rows so that blocks
 //   resident at the same time share their A and B panels in L2.
+// - mm_variants::linear's bias and activation are applied to the float32 sums as they are
+//   staged (epilogue.cuh), for the nn.Linear layout x @ w.t(); a bmm batch runs in one launch,
+//   batch entries along gridDim.y. Both are template arguments: the plain matmul's code is
+//   unchanged by them.
 //
 // Tile parameters (TensorCoreTiling): BM x BN block tile, BK_BYTES of K per stage (64 fp16/bf16
 // or 32 float elements for 128 bytes), WM x WN warp tile, kStages pipeline depth; LargeTiling
@@ -30,6 +34,7 @@
 // they take a slower path chosen at launch that fills the same shared tiles with predicated
 // element loads.
 #include "common.cuh"
+#include "epilogue.cuh"
 #include "mma.cuh"
 
 #include <ATen/Context.h>
@@ -149,6 +154,30 @@ struct Tiles {
   static_assert((16 * C::WN / kChunk) % 32 == 0);
 };
 
+// The problem of one launch: the plain matmul and linear's fused one.
+struct SingleEntry {
+  static constexpr int64_t a = 0, b = 0;  // no other entries, so no strides between them
+
+  template <class G>
+  __device__ __forceinline__ const G& at(const G& g, int64_t) const {
+    return g;
+  }
+};
+
+// A batch of problems like g, entry i's operands and output i times these strides (in elements)
+// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y.
+struct BatchStrides {
+  int64_t a, b, c;
+
+  template <class G>
+  __host__ __device__ __forceinline__ G at(G g, int64_t i) const {
+    g.a.data += i * a;
+    g.b.data += i * b;
+    g.c += i * c;
+    return g;
+  }
+};
+
 // The 16-byte cp.async copy of one operand's K tiles into shared memory. The tile is
 // kOuter x kInner with its inner dimension contiguous in global memory (element (o, i) at
 // origin[o * ld + i]); K is the outer dimension when kKOuter, else the inner one. Each thread
@@ -208,17 +237,24 @@ __device__ __forceinline__ void copy_tile_elementwise(E* dst, const E* src, int6
   }
 }
 
-template <class C, typename G>
+// Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded; Batch (SingleEntry or
+// BatchStrides) picks the block's problem.
+template <class C, typename G, class Epi, class Batch>
 __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
-    tensor_core_kernel(G g, bool a_vec16, bool b_vec16) {
+    tensor_core_kernel(G problem, bool a_vec16, bool b_vec16, Epi epi, Batch batch) {
   using L = Tiles<C, G>;
   using T = typename L::T;
   using E = typename L::E;
   extern __shared__ float4 smem_vec[];
   E* const a_smem = reinterpret_cast<E*>(smem_vec);
   E* const b_smem = a_smem + C::kStages * L::kAStage;
+  const G g = batch.at(problem, blockIdx.y);
   const E* const a = reinterpret_cast<const E*>(g.a.data);
   const E* const b = reinterpret_cast<const E*>(g.b.data);
+  // Empty copies need any valid address of the operand: entry 0's, a kernel parameter, spends no
+  // register in a batch.
+  const E* const a_base = reinterpret_cast<const E*>(problem.a.data);
+  const E* const b_base = reinterpret_cast<const E*>(problem.b.data);
 
   const int2 tile = tile_origin<C::BM, C::BN, kGroupM>(g);
   const int m0 = tile.x, n0 = tile.y;
@@ -232,15 +268,15 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   const uint32_t a_stages = mma::smem_addr(a_smem), b_stages = mma::smem_addr(b_smem);
   // Both operands 16-byte aligned: every stage is one branch-free run of cp.async.
   const auto async_stage = [&](int stage, int kt) {
-    a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a, g.a.ld, g.K, m_left);
-    b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b, g.b.ld, g.K, n_left);
+    a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a_base, g.a.ld, g.K, m_left);
+    b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b_base, g.b.ld, g.K, n_left);
   };
   // Otherwise each operand copies as it can; K tiles past the end are skipped.
   const auto mixed_stage = [&](int stage, int kt) {
     if (kt >= k_tiles) return;
     const int k0 = kt * L::BK, k_left = min(g.K - k0, L::BK);
     if (a_vec16) {
-      a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a, g.a.ld, g.K, m_left);
+      a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a_base, g.a.ld, g.K, m_left);
     } else if constexpr (L::kAK) {
       copy_tile_elementwise<C::BM, L::BK, L::kAPitch, L::kThreads>(
           a_smem + stage * L::kAStage, a + int64_t(m0) * g.a.ld + k0, g.a.ld, m_left, k_left);
@@ -249,7 +285,7 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
           a_smem + stage * L::kAStage, a + int64_t(k0) * g.a.ld + m0, g.a.ld, k_left, m_left);
     }
     if (b_vec16) {
-      b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b, g.b.ld, g.K, n_left);
+      b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b_base, g.b.ld, g.K, n_left);
     } else if constexpr (L::kBK) {
       copy_tile_elementwise<C::BN, L::BK, L::kBPitch, L::kThreads>(
           b_smem + stage * L::kBStage, b + int64_t(n0) * g.b.ld + k0, g.b.ld, n_left, k_left);
@@ -367,8 +403,8 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   __syncthreads();  // the stages are reused below
 
   // Epilogue, 16 rows of the warp tile at a time: the accumulator pairs C[g][2t, 2t + 1] and
-  // C[g + 8][2t, 2t + 1] of each 8-column tile go to shared memory in the output dtype, then each
-  // lane writes 16-byte chunks of whole rows.
+  // C[g + 8][2t, 2t + 1] of each 8-column tile go through epi to shared memory in the output
+  // dtype, then each lane writes 16-byte chunks of whole rows.
   E* const staged = reinterpret_cast<E*>(smem_vec) + warp * L::kEpiWarp;
   E* const out = reinterpret_cast<E*>(g.c);
   constexpr int kRowChunks = C::WN / L::kChunk;
@@ -380,7 +416,8 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         E* p = staged + (gq + 8 * h) * L::kEpiPitch + ni * 8 + 2 * tq;
-        const float x = acc[mi][ni][2 * h], y = acc[mi][ni][2 * h + 1];
+        const int n = n0 + warp_n + ni * 8 + 2 * tq;
+        const float x = epi(acc[mi][ni][2 * h], n), y = epi(acc[mi][ni][2 * h + 1], n + 1);
         if constexpr (L::kElem == 2) {
           *reinterpret_cast<uint32_t*>(p) = MmaOp<T>::pack(x, y);
         } else {
@@ -407,30 +444,83 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   }
 }
 
-template <class C, typename G>
-void launch(const G& g) {
-  using L = Tiles<C, G>;
-  auto* kernel = tensor_core_kernel<C, G>;
-  allow_dynamic_smem(kernel, L::kSmemBytes);
-  kernel<<<tile_grid<C::BM, C::BN>(g), L::kThreads, L::kSmemBytes,
-           c10::cuda::getCurrentCUDAStream()>>>(g, g.a.aligned(16), g.b.aligned(16));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+// Whether every entry of a panel takes 16-byte cp.async: entry 0 does, and entries lie a multiple
+// of 16 bytes apart.
+template <class P>
+bool vec16(const P& panel, int64_t batch_stride) {
+  return panel.aligned(16) && batch_stride * sizeof(typename P::scalar) % 16 == 0;
+}
+
+// Launches problem g (and, for a batch, the entries - 1 problems after it) with the tiling that
+// fits the device's shared memory.
+template <class G, class Epi = NoEpilogue, class Batch = SingleEntry>
+void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned entries = 1) {
+  const DeviceInfo& device = device_properties(c10::cuda::current_device());
+  const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
+  const auto launch_tiled = [&](auto tiling) {
+    using C = decltype(tiling);
+    using L = Tiles<C, G>;
+    auto* kernel = tensor_core_kernel<C, G, Epi, Batch>;
+    allow_dynamic_smem(kernel, L::kSmemBytes);
+    const dim3 grid(tile_grid<C::BM, C::BN>(g).x, entries);
+    kernel<<<grid, L::kThreads, L::kSmemBytes, c10::cuda::getCurrentCUDAStream()>>>(
+        g, vec16(g.a, batch.a), vec16(g.b, batch.b), epi, batch);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  constexpr int kLarge = Tiles<LargeTiling, G>::kSmemBytes;
+  constexpr int kSmall = Tiles<SmallTiling, G>::kSmemBytes;
+  if (kLarge <= smem) {
+    launch_tiled(LargeTiling{});
+  } else {
+    TORCH_CHECK(kSmall <= smem, "mm_variants::matmul: tensor_core needs ", kSmall,
+                " bytes of shared memory per block; ", device.name, " has ", smem);
+    launch_tiled(SmallTiling{});
+  }
 }
 
 void tensor_core(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_tensor_core", [&] {
+    with_gemm<scalar_t>(a, b, out, [&](auto g) { launch(g); });
+  });
+}
+
+// linear's epilogue, fused for the nn.Linear layout only (x row-major, w.t() column-major: both
+// K-contiguous), which keeps it at five instantiations per dtype and tiling. The other layouts run
+// the plain kernel and take the epilogue from ATen.
+void tensor_core_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
+                       at::Tensor& out) {
+  MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_tensor_core_fused", [&] {
     with_gemm<scalar_t>(a, b, out, [&](auto g) {
       using G = decltype(g);
-      const DeviceInfo& device = device_properties(c10::cuda::current_device());
-      const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
-      constexpr int kLarge = Tiles<LargeTiling, G>::kSmemBytes;
-      constexpr int kSmall = Tiles<SmallTiling, G>::kSmemBytes;
-      if (kLarge <= smem) {
-        launch<LargeTiling>(g);
+      if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
+        with_epilogue<scalar_t>(epilogue, [&](auto epi) { launch(g, epi); });
       } else {
-        TORCH_CHECK(kSmall <= smem, "mm_variants::matmul: tensor_core needs ", kSmall,
-                    " bytes of shared memory per block; ", device.name, " has ", smem);
-        launch<SmallTiling>(g);
+        launch(g);
+        apply_epilogue(epilogue, out);
+      }
+    });
+  });
+}
+
+// A batch operand whose entries with_gemm reads in place: entries that are neither row- nor
+// column-major are copied, the whole batch at once.
+at::Tensor entries_in_place(const at::Tensor& t) {
+  const at::Tensor first = t.select(0, 0);
+  return is_row_major(first) || is_col_major(first) ? t : t.contiguous();
+}
+
+void tensor_core_batched(const at::Tensor& a_in, const at::Tensor& b_in, at::Tensor& out) {
+  const bool shared_b = b_in.dim() == 2;
+  const at::Tensor a = entries_in_place(a_in), b = shared_b ? b_in : entries_in_place(b_in);
+  const int64_t batch = a.size(0), m = a.size(1), n = b.size(-1);
+  at::Tensor first_out = out.select(0, 0).narrow(0, 0, m * n).view({m, n});
+  const BatchStrides strides{a.stride(0), shared_b ? 0 : b.stride(0), out.stride(0)};
+  constexpr int64_t kMaxEntries = 65535;  // gridDim.y's limit: larger batches take more launches
+  MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_tensor_core_batched", [&] {
+    with_gemm<scalar_t>(a.select(0, 0), shared_b ? b : b.select(0, 0), first_out, [&](auto g) {
+      for (int64_t first = 0; first < batch; first += kMaxEntries) {
+        const auto entries = static_cast<unsigned>(std::min(batch - first, kMaxEntries));
+        launch(strides.at(g, first), NoEpilogue{}, strides, entries);
       }
     });
   });
@@ -451,7 +541,8 @@ MM_VARIANTS_REGISTER({"tensor_core", c10::kCUDA, 8, cuda_dtypes(), &tensor_core,
                       &tf32_allowed,
                       "float32 inputs run in TF32 on tensor cores only when "
                       "torch.backends.cuda.matmul.allow_tf32 is True (or "
-                      "torch.set_float32_matmul_precision('high'))"});
+                      "torch.set_float32_matmul_precision('high'))",
+                      /*auto_candidate=*/true, &tensor_core_fused, &tensor_core_batched});
 
 }  // namespace
 }  // namespace mm_variants::cuda
