@@ -79,12 +79,24 @@ def test_more_tiles_than_sms_and_many_k_steps(dtype, a_layout, b_layout):
 
 
 @needs_sm90
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_wide_tiles_without_a_cluster(a_layout, b_layout):
+    """One tile row (no block to pair with) and enough 256-wide tiles to fill the SMs in whole
+    waves: the wide tile shape, launched without clusters. (Small outputs take the narrow tiles,
+    large ones wide tiles in clusters: the tests above.)"""
+    torch.manual_seed(0)
+    n = 256 * 2 * torch.cuda.get_device_properties(0).multi_processor_count
+    a, b = padded_view(128, 64, a_layout, torch.bfloat16), padded_view(64, n, b_layout, torch.bfloat16)
+    assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_nn_linear_shapes(dtype):
     """x @ w.t() for an nn.Linear weight w [N, K], the layout models use."""
     torch.manual_seed(0)
     x = torch.randn(512, 4096, device="cuda").to(dtype)
-    for n, k in [(4096, 4096), (1024, 4096)]:
+    for n, k in [(4096, 4096), (1024, 4096)]:  # wide tiles, then narrow ones
         w = torch.randn(n, k, device="cuda").to(dtype)
         assert_matches_reference(x[:, :k], w.t(), ALGORITHM)
 

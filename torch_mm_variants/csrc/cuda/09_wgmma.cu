@@ -21,8 +21,9 @@
 //   memory, so a block reads 32 KB of L2 per stage instead of 48. A stage is free again once the
 //   consumers of both blocks have read it.
 //
-// Tile parameters: BM x BN = 128 x 256, BK = 64 (one 128-byte swizzle row of 16-bit elements),
-// kStages = 4 (48 KB each). fp16 and bf16 only, float32 accumulation. The epilogue converts the
+// Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
+// row of 16-bit elements, 48 KB a stage), or 128 x 128 with 6 stages where 256-wide tiles would
+// leave SMs idle. fp16 and bf16 only, float32 accumulation. The epilogue converts the
 // accumulators to the input dtype into a swizzled staging buffer and stores it with TMA, so the
 // consumers start the next tile while the copy engine writes the last one.
 //
@@ -43,19 +44,33 @@
 namespace mm_variants::cuda {
 namespace {
 
-constexpr int BM = 128, BN = 256, BK = 64, kStages = 4;
+constexpr int BM = 128, BK = 64;
 [[maybe_unused]] constexpr int kGroupM = 16;  // tile rows per group of the grouped tile order
-constexpr int kConsumers = 2;                       // warpgroups of 64 x BN each
-constexpr int kThreads = 128 * (1 + kConsumers);    // the producer warpgroup comes first
-constexpr int kATile = BM * BK, kBTile = BN * BK;   // elements of one stage
-constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
-constexpr int kBox = 64;                            // 128 bytes: the swizzle row
-[[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;          // a 64 x 64 box, 8 KB
+constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
+constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
+constexpr int kATile = BM * BK;                    // elements of A in one stage
+constexpr int kBox = 64;                           // 128 bytes: the swizzle row
+[[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;  // a 64 x 64 box, 8 KB
 // The epilogue stages a consumer's tile in rounds of kStoreCols columns: 64 x 64 boxes, 8 KB.
 constexpr int kStoreCols = 128, kStaging = 64 * kStoreCols;
-constexpr int kSmemBytes =
-    kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
 static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 rows per consumer");
+
+// The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
+// multiply-add; narrow ones, with more stages in the same shared memory, keep every SM busy on
+// outputs that have too few wide tiles (e.g. 2048 x 1024).
+template <int BN_, int STAGES>
+struct TileShape {
+  static constexpr int BN = BN_, kStages = STAGES;
+  static constexpr int kBTile = BN * BK;                 // elements of B in one stage
+  static constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
+  static constexpr int kAccumulators = BN / 2;           // per consumer thread
+  static constexpr int kSmemBytes =
+      kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
+  static_assert(BN % kStoreCols == 0 && kAccumulators <= 128 && kSmemBytes <= 227 * 1024,
+                "fits one SM and its registers");
+};
+using WideTile = TileShape<256, 4>;
+using NarrowTile = TileShape<128, 6>;
 
 // Registers per thread after setmaxnreg: 128 accumulators plus addressing for the consumers, the
 // minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
@@ -63,9 +78,9 @@ static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 row
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
-template <int kCluster = 1>
+template <class S, int kCluster = 1>
 __host__ __device__ __forceinline__ int64_t tile_count(int64_t M, int64_t N) {
-  return ((M - 1) / (kCluster * BM) + 1) * ((N - 1) / BN + 1);
+  return ((M - 1) / (kCluster * BM) + 1) * ((N - 1) / S::BN + 1);
 }
 
 // Where a stage's tiles live and how a k16 step of them is described to wgmma (hopper.cuh).
@@ -79,17 +94,17 @@ __device__ __forceinline__ uint64_t step_descriptor(const uint16_t* tile, int k1
 // The tiles of a persistent block: every gridDim.x / kCluster-th cluster tile from its cluster's
 // index. A cluster tile is kCluster block tiles stacked along M that share their B tile; each
 // block of the cluster takes one of them (its rank).
-template <int kCluster>
+template <class S, int kCluster>
 struct TileWalk {
   int cluster_tiles, M, N;
 
   __device__ __forceinline__ TileWalk(int M_, int N_)
-      : cluster_tiles(static_cast<int>(tile_count<kCluster>(M_, N_))), M(M_), N(N_) {}
+      : cluster_tiles(static_cast<int>(tile_count<S, kCluster>(M_, N_))), M(M_), N(N_) {}
   __device__ __forceinline__ int first() const { return blockIdx.x / kCluster; }
   __device__ __forceinline__ int stride() const { return gridDim.x / kCluster; }
   // The block's output origin (first row, first column) in cluster tile t.
   __device__ __forceinline__ int2 origin(int t, int rank) const {
-    const int2 o = grouped_tile<kCluster * BM, BN, kGroupM / kCluster>(t, M, N);
+    const int2 o = grouped_tile<kCluster * BM, S::BN, kGroupM / kCluster>(t, M, N);
     return make_int2(o.x + rank * BM, o.y);
   }
 };
@@ -98,11 +113,11 @@ struct TileWalk {
 // the cluster, then copies A (BM x BK) into its own block and its 1 / kCluster share of B
 // (BN x BK) into every block of the cluster. K-major tiles are boxes of 64 x rows; M/N-major
 // tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
-template <bool kAK, bool kBK, int kCluster>
+template <class S, bool kAK, bool kBK, int kCluster>
 __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint16_t* a_tiles,
                         uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N, int K,
                         int rank) {
-  const TileWalk<kCluster> walk(M, N);
+  const TileWalk<S, kCluster> walk(M, N);
   const int k_steps = (K - 1) / BK + 1;
   constexpr uint16_t kAllCtas = (1u << kCluster) - 1;
   const auto load_b = [&](uint16_t* dst, uint64_t* bar, int c0, int c1) {
@@ -117,11 +132,11 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
     const int2 origin = walk.origin(t, rank);
     const int n0 = origin.y;
     for (int ks = 0; ks < k_steps; ++ks, ++it) {
-      const int s = it % kStages, k0 = ks * BK;
-      hopper::mbarrier_wait(&empty[s], ((it / kStages) & 1) ^ 1);
-      hopper::mbarrier_arrive_expect_tx(&full[s], kStageBytes);
+      const int s = it % S::kStages, k0 = ks * BK;
+      hopper::mbarrier_wait(&empty[s], ((it / S::kStages) & 1) ^ 1);
+      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes);
       uint16_t* a = a_tiles + s * kATile;
-      uint16_t* b = b_tiles + s * kBTile;
+      uint16_t* b = b_tiles + s * S::kBTile;
       if constexpr (kAK) {
         hopper::tma_load_2d(a, a_map, &full[s], k0, origin.x);
       } else {
@@ -130,11 +145,11 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
           hopper::tma_load_2d(a + j * kBox * kBox, a_map, &full[s], origin.x + j * kBox, k0);
       }
       if constexpr (kBK) {  // this block's BN / kCluster rows of the tile
-        constexpr int kRows = BN / kCluster;
+        constexpr int kRows = S::BN / kCluster;
         load_b(b + rank * kRows * kBox, &full[s], k0, n0 + rank * kRows);
       } else {  // this block's boxes of the tile
 #pragma unroll
-        for (int j = 0; j < BN / kBox / kCluster; ++j) {
+        for (int j = 0; j < S::BN / kBox / kCluster; ++j) {
           const int box = j * kCluster + rank;
           load_b(b + box * kBox * kBox, &full[s], n0 + box * kBox, k0);
         }
@@ -145,14 +160,14 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
 
 // Writes a consumer's 64 x BN accumulators to C in T, two columns per store where N allows it:
 // the epilogue for outputs that TMA cannot address (N not a multiple of 8).
-template <typename T>
-__device__ __forceinline__ void store_tile(const float (&acc)[128], T* c, int M, int N, int row0,
-                                           int col0) {
+template <class S, typename T>
+__device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators], T* c, int M,
+                                           int N, int row0, int col0) {
   const int lane = threadIdx.x % 32;
   const int row = row0 + 16 * (threadIdx.x / 32 % 4) + lane / 4;
   const bool pairs = N % 2 == 0;  // C rows then start 4-byte aligned
 #pragma unroll
-  for (int j = 0; j < BN / 8; ++j) {
+  for (int j = 0; j < S::BN / 8; ++j) {
     const int col = col0 + 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -178,15 +193,15 @@ __device__ __forceinline__ void store_tile(const float (&acc)[128], T* c, int M,
 // 8 rows of a warp's store land in 8 different 16-byte chunks), and one thread hands the boxes to
 // TMA, which stores them (clipped at the matrix edges) while the warpgroup moves on. Before a
 // buffer is refilled, the stores that read it must have done so.
-template <typename T>
-__device__ __forceinline__ void store_tile_async(const float (&acc)[128], uint16_t* staging,
+template <class S, typename T>
+__device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumulators], uint16_t* staging,
                                                  const CUtensorMap* c_map, int consumer, int row0,
                                                  int col0) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
   const bool issuer = threadIdx.x % 128 == 0;
   const int barrier = 1 + consumer;
 #pragma unroll
-  for (int round = 0; round < BN / kStoreCols; ++round) {
+  for (int round = 0; round < S::BN / kStoreCols; ++round) {
     if (issuer) hopper::tma_store_wait<true>();
     hopper::named_barrier_sync(barrier, 128);
 #pragma unroll
@@ -230,31 +245,31 @@ __device__ __forceinline__ void release_stage(uint64_t* bar) {
 
 // A consumer warpgroup: for each tile, 4 wgmmas per stage into its 64 rows, at most one group
 // in flight; a stage is handed back once the group that read it has completed.
-template <typename T, bool kAK, bool kBK, int kCluster>
+template <class S, typename T, bool kAK, bool kBK, int kCluster>
 __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
                         uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, T* c, int M,
                         int N, int K, int rank) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
-  const TileWalk<kCluster> walk(M, N);
+  const TileWalk<S, kCluster> walk(M, N);
   const int k_steps = (K - 1) / BK + 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
-  float acc[128];
+  float acc[S::kAccumulators];
   int it = 0;
   for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
     const int2 origin = walk.origin(t, rank);
     int previous = 0;
     for (int ks = 0; ks < k_steps; ++ks, ++it) {
-      const int s = it % kStages;
-      hopper::mbarrier_wait(&full[s], (it / kStages) & 1);
+      const int s = it % S::kStages;
+      hopper::mbarrier_wait(&full[s], (it / S::kStages) & 1);
       const uint16_t* a = a_tiles + s * kATile + consumer * 64 * BK;
-      const uint16_t* b = b_tiles + s * kBTile;
+      const uint16_t* b = b_tiles + s * S::kBTile;
       hopper::fence_registers(acc);
       hopper::wgmma_fence();
 #pragma unroll
       for (int k16 = 0; k16 < BK / 16; ++k16) {
-        hopper::wgmma_m64n256k16<kBf16, !kAK, !kBK>(acc, step_descriptor<kAK>(a, k16),
-                                                     step_descriptor<kBK>(b, k16),
-                                                     ks > 0 || k16 > 0);
+        hopper::wgmma_m64k16<S::BN, kBf16, !kAK, !kBK>(acc, step_descriptor<kAK>(a, k16),
+                                                        step_descriptor<kBK>(b, k16),
+                                                        ks > 0 || k16 > 0);
       }
       hopper::wgmma_commit();
       hopper::wgmma_wait<1>();
@@ -266,9 +281,9 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     hopper::fence_registers(acc);
     if (warp_leader) release_stage<kCluster>(&empty[previous]);
     if (c_map != nullptr) {
-      store_tile_async<T>(acc, staging, c_map, consumer, origin.x + consumer * 64, origin.y);
+      store_tile_async<S, T>(acc, staging, c_map, consumer, origin.x + consumer * 64, origin.y);
     } else {
-      store_tile(acc, c, M, N, origin.x + consumer * 64, origin.y);
+      store_tile<S>(acc, c, M, N, origin.x + consumer * 64, origin.y);
     }
   }
   // Shared memory must outlive the stores that read it.
@@ -276,7 +291,7 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
 }
 
 // kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast.
-template <typename T, bool kAK, bool kBK, int kCluster>
+template <class S, typename T, bool kAK, bool kBK, int kCluster>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
                  const __grid_constant__ CUtensorMap b_map,
@@ -289,16 +304,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
   uint16_t* a_tiles = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* b_tiles = a_tiles + kStages * kATile;
-  uint16_t* staging = b_tiles + kStages * kBTile;  // one buffer per consumer
+  uint16_t* b_tiles = a_tiles + S::kStages * kATile;
+  uint16_t* staging = b_tiles + S::kStages * S::kBTile;  // one buffer per consumer
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStaging);
-  uint64_t* empty = full + kStages;
+  uint64_t* empty = full + S::kStages;
   const int rank = kCluster == 1 ? 0 : static_cast<int>(hopper::cluster_cta_rank());
   if (threadIdx.x == 0) {
     hopper::prefetch_tensor_map(&a_map);
     hopper::prefetch_tensor_map(&b_map);
     if (tma_store) hopper::prefetch_tensor_map(&c_map);
-    for (int s = 0; s < kStages; ++s) {
+    for (int s = 0; s < S::kStages; ++s) {
       hopper::mbarrier_init(&full[s], 1);
       hopper::mbarrier_init(&empty[s], kCluster * kConsumers * 4);
     }
@@ -316,12 +331,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     hopper::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      produce<kAK, kBK, kCluster>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, K, rank);
+      produce<S, kAK, kBK, kCluster>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, K, rank);
     }
   } else {
     hopper::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
-    consume<T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
+    consume<S, T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
                                    full, empty, tma_store ? &c_map : nullptr, c, M, N, K, rank);
   }
   // No block may exit while another block of its cluster can still write into its shared memory.
@@ -395,18 +410,18 @@ int resident_clusters(Kernel* kernel, const cudaLaunchConfig_t& config) {
 
 // Launches the persistent grid: one block per SM (as many clusters as fit), never more blocks
 // than tiles.
-template <int kCluster, class G>
+template <class S, int kCluster, class G>
 void launch(const G& g) {
   using T = typename G::scalar;
   constexpr bool kAK = decltype(G::a)::k_contiguous, kBK = decltype(G::b)::k_contiguous;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
-  const CUtensorMap b_map = operand_map(g.b, g.N, g.K, BN / kCluster);
+  const CUtensorMap b_map = operand_map(g.b, g.N, g.K, S::BN / kCluster);
   // C rows must start on 16-byte boundaries for TMA to store them.
   const bool tma_store = g.N % (16 / sizeof(T)) == 0;
   const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.N, kBox) : CUtensorMap{};
-  auto* kernel = wgmma_kernel<T, kAK, kBK, kCluster>;
-  allow_dynamic_smem(kernel, kSmemBytes);
-  const int64_t cluster_tiles = tile_count<kCluster>(g.M, g.N);
+  auto* kernel = wgmma_kernel<S, T, kAK, kBK, kCluster>;
+  allow_dynamic_smem(kernel, S::kSmemBytes);
+  const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
 
@@ -417,7 +432,7 @@ void launch(const G& g) {
   cluster_shape.val.clusterDim.z = 1;
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kSmemBytes;
+  config.dynamicSmemBytes = S::kSmemBytes;
   config.stream = c10::cuda::getCurrentCUDAStream();
   config.attrs = &cluster_shape;
   config.numAttrs = 1;
@@ -430,12 +445,32 @@ void launch(const G& g) {
 }
 
 // Pairs of blocks along M share B when there are two tile rows to pair.
+template <class S, class G>
+void launch_tiles(const G& g) {
+  if (g.M > BM) {
+    launch<S, 2>(g);
+  } else {
+    launch<S, 1>(g);
+  }
+}
+
+// The share of the SMs' time that `tiles` equal tiles keep busy, run in waves of one per SM.
+double wave_efficiency(int64_t tiles, int sms) {
+  const int64_t waves = (tiles + sms - 1) / sms;
+  return static_cast<double>(tiles) / static_cast<double>(waves * sms);
+}
+
+// Wide tiles unless narrow ones fill the SMs enough better to make up for reading more of L2
+// per multiply-add (taken as a tenth of their speed).
 template <class G>
 void launch(const G& g) {
-  if (g.M > BM) {
-    launch<2>(g);
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  const double wide = wave_efficiency(tile_count<WideTile>(g.M, g.N), sms);
+  const double narrow = wave_efficiency(tile_count<NarrowTile>(g.M, g.N), sms);
+  if (0.9 * narrow > wide) {
+    launch_tiles<NarrowTile>(g);
   } else {
-    launch<1>(g);
+    launch_tiles<WideTile>(g);
   }
 }
 

@@ -209,47 +209,67 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// The 128 accumulator operands of m64n256: thread (warp w, lane 4g + t) holds, for each 8-column
+// The accumulator operands of m64nNk16: thread (warp w, lane 4g + t) holds, for each 8-column
 // block j, C[16w + g][8j + 2t, +1] in d[4j], d[4j + 1] and C[16w + g + 8][8j + 2t, +1] in
-// d[4j + 2], d[4j + 3].
+// d[4j + 2], d[4j + 3]: N / 2 floats.
 #define MMV_ACC8(i)                                                                       \
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
 #define MMV_ACC64(i)                                                                     \
   MMV_ACC8(i), MMV_ACC8(i + 8), MMV_ACC8(i + 16), MMV_ACC8(i + 24), MMV_ACC8(i + 32),    \
       MMV_ACC8(i + 40), MMV_ACC8(i + 48), MMV_ACC8(i + 56)
-#define MMV_WGMMA_M64N256K16(TYPE)                                                          \
-  "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                                               \
-  "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE "\n{"                          \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "                    \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "          \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "          \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, "          \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, "          \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, "          \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, "    \
-  "%111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
-  "%126, %127},\n%128, %129, p, 1, 1, %131, %132;\n}\n"
+#define MMV_REGS64 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MMV_REGS128 \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
+  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
+  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
+  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
+  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
+  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
+// D[64 x N] (+)= A[64 x 16] B[16 x N]; the operands after the accumulators are A's and B's
+// descriptors, the accumulate flag and the two transpose immediates.
+#define MMV_WGMMA(N, TYPE, REGS, A, B, SCALE, TA, TB)                                 \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE ", 0;\n"                                \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE "\n{" REGS "},\n" \
+  "%" #A ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"
 
-// D[64 x 256] (+)= A[64 x 16] B[16 x 256] for one warpgroup, float accumulation. `accumulate`
-// false overwrites D (the first step of a tile). kTransA / kTransB: A is M-major / B is N-major.
-template <bool kBf16, bool kTransA, bool kTransB>
-__device__ __forceinline__ void wgmma_m64n256k16(float (&d)[128], uint64_t a_desc,
-                                                 uint64_t b_desc, bool accumulate) {
-  if constexpr (kBf16) {
-    asm volatile(MMV_WGMMA_M64N256K16("bf16")
+// D[64 x N] (+)= A[64 x 16] B[16 x N] for one warpgroup, float accumulation, N = 128 or 256.
+// `accumulate` false overwrites D (the first step of a tile). kTransA / kTransB: A is M-major /
+// B is N-major.
+template <int N, bool kBf16, bool kTransA, bool kTransB>
+__device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
+                                             bool accumulate) {
+  static_assert(N == 128 || N == 256, "the block tiles use N = 128 or 256");
+  const int scale_d = accumulate;
+  constexpr int kTa = kTransA, kTb = kTransB;
+  if constexpr (N == 256 && kBf16) {
+    asm volatile(MMV_WGMMA(256, "bf16", MMV_REGS128, 128, 129, 130, 131, 132)
                  : MMV_ACC64(0), MMV_ACC64(64)
-                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)),
-                   "n"(static_cast<int>(kTransA)), "n"(static_cast<int>(kTransB)));
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
+  } else if constexpr (N == 256) {
+    asm volatile(MMV_WGMMA(256, "f16", MMV_REGS128, 128, 129, 130, 131, 132)
+                 : MMV_ACC64(0), MMV_ACC64(64)
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
+  } else if constexpr (kBf16) {
+    asm volatile(MMV_WGMMA(128, "bf16", MMV_REGS64, 64, 65, 66, 67, 68)
+                 : MMV_ACC64(0)
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
   } else {
-    asm volatile(MMV_WGMMA_M64N256K16("f16")
-                 : MMV_ACC64(0), MMV_ACC64(64)
-                 : "l"(a_desc), "l"(b_desc), "r"(static_cast<int>(accumulate)),
-                   "n"(static_cast<int>(kTransA)), "n"(static_cast<int>(kTransB)));
+    asm volatile(MMV_WGMMA(128, "f16", MMV_REGS64, 64, 65, 66, 67, 68)
+                 : MMV_ACC64(0)
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
   }
 }
 
-#undef MMV_WGMMA_M64N256K16
+#undef MMV_WGMMA
+#undef MMV_REGS128
+#undef MMV_REGS64
 #undef MMV_ACC64
 #undef MMV_ACC8
 
