@@ -49,10 +49,11 @@ def test_activations_bias_and_batch_dims(device, algorithm, dtype):
 
 def fused_params() -> list:
     """(device, algorithm, dtype) for the rungs that fuse the epilogue into their store: the CPU's
-    parallel rung and, on a GPU that has it, tensor_core."""
+    parallel rung and, on a GPU that has them, tensor_core and wgmma."""
     rungs = [("cpu", "parallel")]
-    if gpu_available() and "tensor_core" in mmv.algorithms("cuda"):
-        rungs.append(("cuda", "tensor_core"))
+    if gpu_available():
+        rungs += [("cuda", name) for name in ("tensor_core", "wgmma")
+                  if name in mmv.algorithms("cuda")]
     return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
             for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
 
@@ -66,9 +67,11 @@ def operand(rows, cols, dtype, device, layout):
 
 
 # (M, N, K): each of the edge sizes 1, 7, 63, 65, 127, 129 once in every position, and several
-# tiles of the tensor-core rung in both dimensions.
+# tiles of the tensor-core rungs in both dimensions; the last three have the 16-byte aligned rows
+# that wgmma's TMA copies need (its other shapes run rung 8), with an N that TMA can store (a
+# multiple of 8) or not.
 EDGE_SHAPES = [(1, 7, 63), (7, 63, 65), (63, 65, 127), (65, 127, 129), (127, 129, 1),
-               (129, 1, 7), (300, 520, 200)]
+               (129, 1, 7), (300, 520, 200), (136, 264, 72), (200, 100, 64)]
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)

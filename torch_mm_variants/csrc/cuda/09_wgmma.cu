@@ -31,6 +31,7 @@
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
 // code=sm_90a) and is listed only on compute capability 9.0 devices.
 #include "common.cuh"
+#include "epilogue.cuh"
 #include "hopper.cuh"
 
 #include <cuda.h>
@@ -160,9 +161,9 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
 
 // Writes a consumer's 64 x BN accumulators to C in T, two columns per store where N allows it:
 // the epilogue for outputs that TMA cannot address (N not a multiple of 8).
-template <class S, typename T>
-__device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators], T* c, int M,
-                                           int N, int row0, int col0) {
+template <class S, typename T, class Epi>
+__device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators], const Epi& epi,
+                                           T* c, int M, int N, int row0, int col0) {
   const int lane = threadIdx.x % 32;
   const int row = row0 + 16 * (threadIdx.x / 32 % 4) + lane / 4;
   const bool pairs = N % 2 == 0;  // C rows then start 4-byte aligned
@@ -174,7 +175,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators],
       const int m = row + 8 * h;
       if (m >= M || col >= N) continue;
       T* dst = c + static_cast<int64_t>(m) * N + col;
-      const float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+      const float x = epi(acc[4 * j + 2 * h], col), y = epi(acc[4 * j + 2 * h + 1], col + 1);
       if (pairs) {
         Vec<T, 2> v;
         v.v[0] = static_cast<T>(x);
@@ -193,8 +194,9 @@ __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators],
 // 8 rows of a warp's store land in 8 different 16-byte chunks), and one thread hands the boxes to
 // TMA, which stores them (clipped at the matrix edges) while the warpgroup moves on. Before a
 // buffer is refilled, the stores that read it must have done so.
-template <class S, typename T>
-__device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumulators], uint16_t* staging,
+template <class S, typename T, class Epi>
+__device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumulators],
+                                                 const Epi& epi, uint16_t* staging,
                                                  const CUtensorMap* c_map, int consumer, int row0,
                                                  int col0) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
@@ -208,12 +210,13 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
     for (int jj = 0; jj < kStoreCols / 8; ++jj) {
       const int j = round * (kStoreCols / 8) + jj;
       uint8_t* box = reinterpret_cast<uint8_t*>(staging + jj / 8 * kBox * kBox);
+      const int col = col0 + round * kStoreCols + 8 * jj + 2 * (lane % 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int row = 16 * warp + lane / 4 + 8 * h;
         Vec<T, 2> v;
-        v.v[0] = static_cast<T>(acc[4 * j + 2 * h]);
-        v.v[1] = static_cast<T>(acc[4 * j + 2 * h + 1]);
+        v.v[0] = static_cast<T>(epi(acc[4 * j + 2 * h], col));
+        v.v[1] = static_cast<T>(epi(acc[4 * j + 2 * h + 1], col + 1));
         *reinterpret_cast<Vec<T, 2>*>(box + row * 128 + ((jj % 8) ^ (row % 8)) * 16 +
                                       lane % 4 * 4) = v;
       }
@@ -245,10 +248,10 @@ __device__ __forceinline__ void release_stage(uint64_t* bar) {
 
 // A consumer warpgroup: for each tile, 4 wgmmas per stage into its 64 rows, at most one group
 // in flight; a stage is handed back once the group that read it has completed.
-template <class S, typename T, bool kAK, bool kBK, int kCluster>
+template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
-                        uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, T* c, int M,
-                        int N, int K, int rank) {
+                        uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, const Epi& epi,
+                        T* c, int M, int N, int K, int rank) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const TileWalk<S, kCluster> walk(M, N);
   const int k_steps = (K - 1) / BK + 1;
@@ -281,22 +284,25 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     hopper::fence_registers(acc);
     if (warp_leader) release_stage<kCluster>(&empty[previous]);
     if (c_map != nullptr) {
-      store_tile_async<S, T>(acc, staging, c_map, consumer, origin.x + consumer * 64, origin.y);
+      store_tile_async<S, T>(acc, epi, staging, c_map, consumer, origin.x + consumer * 64,
+                             origin.y);
     } else {
-      store_tile<S>(acc, c, M, N, origin.x + consumer * 64, origin.y);
+      store_tile<S>(acc, epi, c, M, N, origin.x + consumer * 64, origin.y);
     }
   }
   // Shared memory must outlive the stores that read it.
   if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait<false>();
 }
 
-// kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast.
-template <class S, typename T, bool kAK, bool kBK, int kCluster>
+// kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast. Epi
+// (epilogue.cuh) maps each float32 sum of column n before it is rounded: linear's bias and
+// activation, or nothing.
+template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
                  const __grid_constant__ CUtensorMap b_map,
-                 const __grid_constant__ CUtensorMap c_map, bool tma_store, T* c, int M, int N,
-                 int K) {
+                 const __grid_constant__ CUtensorMap c_map, bool tma_store, Epi epi, T* c, int M,
+                 int N, int K) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzled tiles must start on 1024-byte boundaries (the swizzle atom). The offset is
@@ -337,7 +343,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
     consume<S, T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
-                                   full, empty, tma_store ? &c_map : nullptr, c, M, N, K, rank);
+                                      full, empty, tma_store ? &c_map : nullptr, epi, c, M, N, K,
+                                      rank);
   }
   // No block may exit while another block of its cluster can still write into its shared memory.
   if constexpr (kCluster > 1) hopper::cluster_sync();
@@ -410,8 +417,8 @@ int resident_clusters(Kernel* kernel, const cudaLaunchConfig_t& config) {
 
 // Launches the persistent grid: one block per SM (as many clusters as fit), never more blocks
 // than tiles.
-template <class S, int kCluster, class G>
-void launch(const G& g) {
+template <class S, int kCluster, class G, class Epi>
+void launch(const G& g, const Epi& epi) {
   using T = typename G::scalar;
   constexpr bool kAK = decltype(G::a)::k_contiguous, kBK = decltype(G::b)::k_contiguous;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
@@ -419,7 +426,7 @@ void launch(const G& g) {
   // C rows must start on 16-byte boundaries for TMA to store them.
   const bool tma_store = g.N % (16 / sizeof(T)) == 0;
   const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.N, kBox) : CUtensorMap{};
-  auto* kernel = wgmma_kernel<S, T, kAK, kBK, kCluster>;
+  auto* kernel = wgmma_kernel<S, T, kAK, kBK, kCluster, Epi>;
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
@@ -440,17 +447,17 @@ void launch(const G& g) {
   const int64_t clusters = std::min<int64_t>(cluster_tiles, resident_clusters(kernel, config));
   config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
   C10_CUDA_CHECK(
-      cudaLaunchKernelEx(&config, kernel, a_map, b_map, c_map, tma_store, g.c, g.M, g.N, g.K));
+      cudaLaunchKernelEx(&config, kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.M, g.N, g.K));
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 // Pairs of blocks along M share B when there are two tile rows to pair.
-template <class S, class G>
-void launch_tiles(const G& g) {
+template <class S, class G, class Epi>
+void launch_tiles(const G& g, const Epi& epi) {
   if (g.M > BM) {
-    launch<S, 2>(g);
+    launch<S, 2>(g, epi);
   } else {
-    launch<S, 1>(g);
+    launch<S, 1>(g, epi);
   }
 }
 
@@ -462,15 +469,15 @@ double wave_efficiency(int64_t tiles, int sms) {
 
 // Wide tiles unless narrow ones fill the SMs enough better to make up for reading more of L2
 // per multiply-add (taken as a tenth of their speed).
-template <class G>
-void launch(const G& g) {
+template <class G, class Epi = NoEpilogue>
+void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   const double wide = wave_efficiency(tile_count<WideTile>(g.M, g.N), sms);
   const double narrow = wave_efficiency(tile_count<NarrowTile>(g.M, g.N), sms);
   if (0.9 * narrow > wide) {
-    launch_tiles<NarrowTile>(g);
+    launch_tiles<NarrowTile>(g, epi);
   } else {
-    launch_tiles<WideTile>(g);
+    launch_tiles<WideTile>(g, epi);
   }
 }
 
@@ -493,6 +500,35 @@ void wgmma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   }
 }
 
+// linear's epilogue, fused for the nn.Linear layout (x row-major, w.t() column-major: both
+// K-contiguous) when TMA can address it; otherwise the plain kernel (or rung 8's fused one, for
+// views TMA cannot address) and the epilogue from ATen.
+template <typename T>
+void wgmma_fused_typed(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
+                       at::Tensor& out) {
+  with_gemm<T>(a, b, out, [&](auto g) {
+    using G = decltype(g);
+    constexpr bool kLinearLayout = decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous;
+    if (!g.a.aligned(16) || !g.b.aligned(16)) {
+      find_algorithm(a.device(), "tensor_core").run_fused(a, b, epilogue, out);
+    } else if constexpr (kLinearLayout) {
+      with_epilogue<T>(epilogue, [&](auto epi) { launch(g, epi); });
+    } else {
+      launch(g);
+      apply_epilogue(epilogue, out);
+    }
+  });
+}
+
+void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
+                 at::Tensor& out) {
+  if (a.scalar_type() == at::kBFloat16) {
+    wgmma_fused_typed<c10::BFloat16>(a, b, epilogue, out);
+  } else {
+    wgmma_fused_typed<c10::Half>(a, b, epilogue, out);
+  }
+}
+
 bool sm90a(c10::Device device) {
 #if defined(MM_VARIANTS_WITH_SM90A)
   const int count = c10::cuda::device_count();
@@ -507,7 +543,8 @@ bool sm90a(c10::Device device) {
 #endif
 }
 
-MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16}, &wgmma, &sm90a});
+MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16}, &wgmma, &sm90a, nullptr,
+                      "", /*auto_candidate=*/true, &wgmma_fused});
 
 }  // namespace
 }  // namespace mm_variants::cuda
