@@ -501,22 +501,33 @@ void wgmma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 }
 
 // linear's epilogue, fused for the nn.Linear layout (x row-major, w.t() column-major: both
-// K-contiguous) when TMA can address it; otherwise the plain kernel (or rung 8's fused one, for
-// views TMA cannot address) and the epilogue from ATen.
+// K-contiguous) when TMA can address it and the epilogue is cheap: a bias and relu ride along
+// with the stores for free, but erf, tanh and exp on every sum hold up the tensor cores longer
+// than a separate pass over the output takes. Otherwise the plain kernel (or rung 8's fused one,
+// for views TMA cannot address) and the epilogue from ATen.
 template <typename T>
 void wgmma_fused_typed(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
                        at::Tensor& out) {
+  const T* bias = epilogue.bias.defined() ? static_cast<const T*>(epilogue.bias.data_ptr())
+                                          : nullptr;
+  const int columns = epilogue.bias.defined() ? static_cast<int>(epilogue.bias.size(0)) : 0;
   with_gemm<T>(a, b, out, [&](auto g) {
     using G = decltype(g);
     constexpr bool kLinearLayout = decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous;
     if (!g.a.aligned(16) || !g.b.aligned(16)) {
       find_algorithm(a.device(), "tensor_core").run_fused(a, b, epilogue, out);
-    } else if constexpr (kLinearLayout) {
-      with_epilogue<T>(epilogue, [&](auto epi) { launch(g, epi); });
-    } else {
-      launch(g);
-      apply_epilogue(epilogue, out);
+      return;
     }
+    if constexpr (kLinearLayout) {
+      if (epilogue.activation == Activation::kNone) {
+        return launch(g, BiasActivation<T, Activation::kNone>{bias, columns});
+      }
+      if (epilogue.activation == Activation::kRelu) {
+        return launch(g, BiasActivation<T, Activation::kRelu>{bias, columns});
+      }
+    }
+    launch(g);
+    apply_epilogue(epilogue, out);
   });
 }
 
