@@ -5,9 +5,9 @@
 // - TMA: one thread copies a whole 2-D tile per instruction (cp.async.bulk.tensor), swizzled
 //   (128-byte pattern) on its way into shared memory so that the tensor cores read it without
 //   bank conflicts. Edges come back zero-filled: no predicates, no tails in the main loop.
-// - wgmma: a warpgroup (4 warps) multiplies a 64 x 256 tile by 16 of K per instruction, both
+// - wgmma: a warpgroup (4 warps) multiplies a 64 x BN tile by 16 of K per instruction, both
 //   operands read from shared memory through descriptors, float accumulators in registers. No
-//   fragments are loaded: the registers are free for 128 accumulators per thread. The
+//   fragments are loaded: the registers are free for BN / 2 accumulators per thread. The
 //   instruction's transpose bits read M- or N-contiguous tiles, so all four operand layouts run in
 //   place (A row-major or a.t(); B as [K, N] or an nn.Linear weight's w.t()).
 // - Warp specialization: one producer warpgroup issues the copies into a kStages-deep ring and
@@ -73,8 +73,8 @@ struct TileShape {
 using WideTile = TileShape<256, 4>;
 using NarrowTile = TileShape<128, 6>;
 
-// Registers per thread after setmaxnreg: 128 accumulators plus addressing for the consumers, the
-// minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
+// Registers per thread after setmaxnreg: up to 128 accumulators plus addressing for the
+// consumers, the minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
 [[maybe_unused]] constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
