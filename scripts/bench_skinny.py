@@ -1,10 +1,10 @@
-"""Benchmark of the skinny rung on LLM decode shapes: out = x @ w.t() for an nn.Linear weight
-w [N, K] and M tokens, beside torch.mm on the same x and w.t().
+"""Benchmark of the skinny rungs and `auto` on LLM decode shapes: out = x @ w.t() for an
+nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t().
 
     python scripts/bench_skinny.py
     python scripts/bench_skinny.py --m 1,16 --shapes 4096x14336 --dtypes bfloat16 --output rows.json
 
-Each (M, N, K) is checked against a float64 product first, then timed with
+Each (M, N, K) and algorithm is checked against a float64 product first, then timed with
 triton.testing.do_bench (median), torch.mm before and after ours; torch.mm's time is the mean of
 the two. Both rotate over enough weight copies that L2 cannot hold them, so every call streams
 its weight from memory, as in decode. GB/s counts the weight bytes only.
@@ -33,7 +33,9 @@ def parse_args(argv=None):
     p.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336",
                    help="comma-separated NxK weight shapes")
     p.add_argument("--dtypes", default="bfloat16,float16", help=f"any of {', '.join(DTYPES)}")
-    p.add_argument("--algorithm", default="skinny", help="the mm_variants algorithm to time")
+    p.add_argument("--algorithms", default=None,
+                   help="comma-separated mm_variants algorithms to time (default: auto and every "
+                        "skinny rung this GPU lists)")
     p.add_argument("--output", default=None, help="also write the rows as JSON to this file")
     return p.parse_args(argv)
 
@@ -56,6 +58,13 @@ def time_us(fn, inputs) -> float:
     return 1e3 * float(do_bench(step, warmup=5, rep=25, return_mode="median"))
 
 
+def takes(algorithm: str, dtype: torch.dtype) -> bool:
+    if algorithm == "auto":
+        return True
+    names = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
+    return dtype in [names[t] for t in mmv._C.algorithm_dtypes("cuda", algorithm)]
+
+
 def relative_error(out, ref) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
 
@@ -67,10 +76,13 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     ms = [int(m) for m in args.m.split(",")]
     shapes = [tuple(int(d) for d in s.lower().split("x")) for s in args.shapes.split(",")]
-    print(f"# {args.algorithm} vs torch.mm on {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]")
-    print("| dtype | M | N | K | torch.mm us | ours us | torch.mm GB/s | ours GB/s | speed-up |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    algorithms = (args.algorithms.split(",") if args.algorithms else
+                  ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
+    print(f"# {', '.join(algorithms)} vs torch.mm on {torch.cuda.get_device_name()}, "
+          f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]; us (speed-up over torch.mm)")
+    print("| dtype | M | N | K | torch.mm us | torch.mm GB/s | "
+          + " | ".join(algorithms) + " | best GB/s |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | " + "---: | " * len(algorithms) + "---: |")
     rows, ok = [], True
     for dtype_name in args.dtypes.split(","):
         dtype = DTYPES[dtype_name]
@@ -81,24 +93,33 @@ def main(argv=None) -> int:
             for m in ms:
                 inputs = [(torch.randn(m, k, device="cuda").to(dtype), w) for w in weights]
                 x, w = inputs[0]
-                err = relative_error(mmv.matmul(x, w.t(), args.algorithm),
-                                     x.double() @ w.double().t())
-                if not err <= TOLERANCE[dtype]:
-                    print(f"| {dtype_name} | {m} | {n} | {k} | WRONG: relative error {err:.1e} |")
-                    ok = False
-                    continue
+                reference = x.double() @ w.double().t()
                 before = time_us(torch.mm, inputs)
-                ours = time_us(lambda a, b: mmv.matmul(a, b, args.algorithm), inputs)
-                after = time_us(torch.mm, inputs)
-                baseline = (before + after) / 2
-                row = {"dtype": dtype_name, "m": m, "n": n, "k": k, "torch_mm_us": baseline,
-                       "us": ours, "torch_mm_gbs": weight_bytes / baseline / 1e3,
-                       "gbs": weight_bytes / ours / 1e3, "speedup": baseline / ours,
-                       "rel_error": err}
-                rows.append(row)
-                print(f"| {dtype_name} | {m} | {n} | {k} | {baseline:.1f} | {ours:.1f} "
-                      f"| {row['torch_mm_gbs']:.0f} | {row['gbs']:.0f} | {row['speedup']:.2f}x |",
-                      flush=True)
+                cells, times = [], []
+                for algorithm in algorithms:
+                    if not takes(algorithm, dtype):
+                        cells.append("-")
+                        continue
+                    err = relative_error(mmv.matmul(x, w.t(), algorithm), reference)
+                    if not err <= TOLERANCE[dtype]:
+                        cells.append(f"WRONG ({err:.1e})")
+                        ok = False
+                        continue
+                    us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
+                    times.append(us)
+                    rows.append({"dtype": dtype_name, "m": m, "n": n, "k": k,
+                                 "algorithm": algorithm, "us": us, "rel_error": err,
+                                 "gbs": weight_bytes / us / 1e3})
+                    cells.append(f"{us:.1f}")
+                baseline = (before + time_us(torch.mm, inputs)) / 2
+                for row in rows[len(rows) - len(times):]:
+                    row.update(torch_mm_us=baseline, speedup=baseline / row["us"])
+                cells = [c if c.startswith(("WRONG", "-")) else f"{c} ({baseline / float(c):.2f}x)"
+                         for c in cells]
+                best = weight_bytes / min(times) / 1e3 if times else float("nan")
+                print(f"| {dtype_name} | {m} | {n} | {k} | {baseline:.1f} "
+                      f"| {weight_bytes / baseline / 1e3:.0f} | " + " | ".join(cells)
+                      + f" | {best:.0f} |", flush=True)
             del weights, inputs
     if args.output:
         with open(args.output, "w") as f:

@@ -1,29 +1,51 @@
-"""The skinny rung (LLM decode, M <= 64): correctness over sizes that cross its 16-column blocks,
-its 8-token tiles and its k steps, the four layouts, misaligned views, the split-K pass,
-determinism, CUDA graphs, its refusal of M > 64 and the `auto` choice."""
+"""The skinny rungs (LLM decode, M <= 64): `skinny` (mma.sync, sm_80+) and, on sm_90 builds,
+`skinny_tma` (TMA + wgmma). Correctness over sizes that cross their weight-row blocks, token tiles
+and k steps, the four layouts, misaligned views, the split-K pass, determinism, CUDA graphs, their
+refusal of M > 64, the SASS of the Hopper one and the `auto` choice."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import assert_matches_reference, gpu_available, random_matrix
+from conftest import assert_matches_reference, gpu_available, kernel_sass, random_matrix
 
 pytestmark = pytest.mark.skipif(
     not gpu_available() or "skinny" not in mmv.algorithms("cuda"),
     reason="needs a CUDA build and an sm_80+ GPU")
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+DTYPE_BY_C10_NAME = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 LAYOUTS = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]  # first: x @ w.t()
 
 
+def skinny_algorithms() -> list[str]:
+    """Every skinny rung this build lists for this GPU, in ladder order."""
+    if not gpu_available():
+        return []
+    return [name for name in mmv.algorithms("cuda") if name.startswith("skinny")]
+
+
+def dtypes_of(algorithm: str) -> list[torch.dtype]:
+    return [DTYPE_BY_C10_NAME[t] for t in mmv._C.algorithm_dtypes("cuda", algorithm)]
+
+
+def algorithm_dtypes() -> list:
+    return [pytest.param(name, dtype, id=f"{name}-{dtype}".replace("torch.", ""))
+            for name in skinny_algorithms() for dtype in dtypes_of(name)]
+
+
+ALGORITHM_DTYPES = algorithm_dtypes()
+
+
 def sizes() -> list[tuple[int, int, int]]:
-    """(M, N, K) varying one dimension at a time, plus a few corners; N >= 2112 gives every SM a
-    block (no split of K), smaller N splits K over blocks."""
+    """(M, N, K) varying one dimension at a time, plus a few corners. Small N splits K over
+    blocks; N >= 2112 (skinny) or 17000 (skinny_tma) gives every SM blocks without a split."""
     ms, ns, ks = [1, 2, 7, 16, 33, 64], [1, 7, 129, 1000], [1, 7, 129, 1000, 4097]
     return ([(m, 129, 1000) for m in ms] + [(16, n, 1000) for n in ns]
             + [(7, 129, k) for k in ks]
-            + [(1, 1, 1), (64, 1000, 4097), (3, 4103, 1000), (64, 2500, 129)])
+            + [(1, 1, 1), (64, 1000, 4097), (3, 4103, 1000), (64, 2500, 129), (5, 17000, 1000)])
 
 
 def weight_view(n, k, dtype, offset=0, pad=0):
@@ -34,17 +56,17 @@ def weight_view(n, k, dtype, offset=0, pad=0):
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}-{l[1]}")
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_sizes_and_layouts(dtype, layout):
+@pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
+def test_sizes_and_layouts(algorithm, dtype, layout):
     torch.manual_seed(0)
     for m, n, k in sizes():
         a = random_matrix(m, k, dtype, "cuda", layout[0])
         b = random_matrix(k, n, dtype, "cuda", layout[1])
-        assert_matches_reference(a, b, "skinny")
+        assert_matches_reference(a, b, algorithm)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_misaligned_and_strided_views(dtype):
+@pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
+def test_misaligned_and_strided_views(algorithm, dtype):
     torch.manual_seed(0)
     for m, n, k in [(1, 300, 1000), (16, 129, 4097), (33, 2200, 77)]:
         x_storage = torch.randn(m * (k + 5) + 3, device="cuda").to(dtype)
@@ -55,52 +77,77 @@ def test_misaligned_and_strided_views(dtype):
                       weight_view(n, k, dtype, offset=8, pad=8),
                       random_matrix(k, n, dtype, "cuda", "sliced"),
                       random_matrix(k, 2 * n, dtype, "cuda")[:, ::2]]:
-                assert_matches_reference(a, b, "skinny")
+                assert_matches_reference(a, b, algorithm)
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-def test_deterministic(dtype):
+@pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
+def test_deterministic(algorithm, dtype):
     torch.manual_seed(0)
     for m, n, k in [(16, 129, 4097), (7, 4103, 1000), (64, 300, 2000)]:  # split K, then not
         a, b = random_matrix(m, k, dtype, "cuda"), weight_view(n, k, dtype)
-        first = mmv.matmul(a, b, "skinny")
-        assert torch.equal(first, mmv.matmul(a, b, "skinny"))
+        first = mmv.matmul(a, b, algorithm)
+        assert torch.equal(first, mmv.matmul(a, b, algorithm))
 
 
-def test_cuda_graph_capture():
+@pytest.mark.parametrize("algorithm", skinny_algorithms())
+def test_cuda_graph_capture(algorithm):
     torch.manual_seed(0)
     a = random_matrix(8, 4096, torch.bfloat16, "cuda")
     b_split = weight_view(256, 4096, torch.bfloat16)  # few blocks: K split, a second pass
-    b_whole = weight_view(4100, 4096, torch.bfloat16)
-    expected = [mmv.matmul(a, b, "skinny") for b in (b_split, b_whole)]
+    b_whole = weight_view(20000, 4096, torch.bfloat16)
+    expected = [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm up outside the capture
-        [mmv.matmul(a, b, "skinny") for b in (b_split, b_whole)]
+        [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        outs = [mmv.matmul(a, b, "skinny") for b in (b_split, b_whole)]
+        outs = [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
     a.copy_(random_matrix(8, 4096, torch.bfloat16, "cuda"))
     graph.replay()
     torch.cuda.synchronize()
     for out, b, before in zip(outs, (b_split, b_whole), expected):
-        assert torch.equal(out, mmv.matmul(a, b, "skinny")) and not torch.equal(out, before)
+        assert torch.equal(out, mmv.matmul(a, b, algorithm)) and not torch.equal(out, before)
 
 
-def test_more_than_64_rows_is_refused():
-    a, b = torch.randn(65, 32, device="cuda"), torch.randn(32, 16, device="cuda")
+@pytest.mark.parametrize("algorithm", skinny_algorithms())
+def test_more_than_64_rows_is_refused(algorithm):
+    a = torch.randn(65, 32, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(32, 16, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError,
-                       match=r"algorithm 'skinny' cannot take these inputs: .*M <= 64"):
-        mmv.matmul(a, b, "skinny")
-    assert mmv.auto_choice(a, b) != "skinny"
-    assert mmv.matmul(a[:64], b, "skinny").shape == (64, 16)
+                       match=rf"algorithm '{algorithm}' cannot take these inputs: .*M <= 64"):
+        mmv.matmul(a, b, algorithm)
+    assert not mmv.auto_choice(a, b).startswith("skinny")
+    assert mmv.matmul(a[:64], b, algorithm).shape == (64, 16)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 8, 16])
-def test_auto_picks_skinny_for_decode(m, dtype):
+@pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
+def test_tma_kernels_use_tma_and_wgmma():
+    """skinny_tma streams the weight with TMA (UTMALDG), multiplies with HGMMA and keeps its
+    few accumulators in registers (no local memory)."""
+    for name, body in kernel_sass("skinny_tma_kernel"):
+        for opcode in ("HGMMA", "UTMALDG"):
+            assert re.search(rf"\b{opcode}\b", body), f"{opcode} missing from {name}"
+        assert not re.search(r"\b(LDL|STL)\b", body), f"local memory traffic in {name}"
+
+
+def expected_auto_choice(m: int, n: int, dtype: torch.dtype) -> str:
+    """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
+    one measured faster: up to 8 tokens, and at 16 while its 16-row blocks fit on the GPU at
+    once (two per SM)."""
+    highest = [name for name in skinny_algorithms() if dtype in dtypes_of(name)][-1]
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    if highest == "skinny_tma" and (m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
+        return "skinny"
+    return highest
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m, n", [(1, 4096), (8, 14336), (16, 4096), (16, 14336), (33, 4096),
+                                  (64, 4096)])
+def test_auto_picks_skinny_for_decode(m, n, dtype):
     x = random_matrix(m, 4096, dtype, "cuda")
-    w = random_matrix(4096, 4096, dtype, "cuda")
-    assert mmv.auto_choice(x, w.t()) == "skinny"
+    w = random_matrix(n, 4096, dtype, "cuda")
+    assert mmv.auto_choice(x, w.t()) == expected_auto_choice(m, n, dtype)
     assert_matches_reference(x, w.t(), "auto")

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <iterator>
 #include <mutex>
 #include <string>
 
@@ -59,6 +60,20 @@ std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b)
     result.push_back(algorithm);
   }
   return result;
+}
+
+// The highest rung of the candidates (in ladder order) that does not defer these inputs to a
+// lower one.
+const Algorithm* heuristic_choice(const std::vector<const Algorithm*>& candidates,
+                                  const at::Tensor& a, const at::Tensor& b) {
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    const Algorithm* algorithm = *it;
+    if (algorithm->defers_to_lower == nullptr || !algorithm->defers_to_lower(a, b) ||
+        std::next(it) == candidates.rend()) {
+      return algorithm;
+    }
+  }
+  return candidates.back();
 }
 
 const Algorithm* by_name(const std::vector<const Algorithm*>& candidates, const std::string& name) {
@@ -119,7 +134,7 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b) {
               " supports dtype ", a.scalar_type(),
               algorithms_for(a.device()).empty() ? " (this build has no kernels for that device)"
                                                  : "");
-  AutoDecision heuristic{candidates.back(), "heuristic", ""};
+  AutoDecision heuristic{heuristic_choice(candidates, a, b), "heuristic", ""};
   TuningState& s = state();
   const std::lock_guard<std::mutex> lock(s.mutex);
   const auto tuner = s.tuners.find(a.device().type());

@@ -52,6 +52,9 @@ struct Algorithm {
   FusedMatmulKernel run_fused = nullptr;
   // Set by kernels that take a whole batch in one launch; bmm runs the others entry by entry.
   BatchedMatmulKernel run_batched = nullptr;
+  // Inputs on which `auto`'s heuristic passes this algorithm over for the next lower rung that
+  // takes them, because that one was measured faster there. Null: never.
+  InputPredicate defers_to_lower = nullptr;
 
   bool supports(c10::ScalarType dtype) const;
 };

@@ -526,13 +526,6 @@ void tensor_core_batched(const at::Tensor& a_in, const at::Tensor& b_in, at::Ten
   });
 }
 
-bool sm80_or_newer(c10::Device device) {
-  const int count = c10::cuda::device_count();
-  if (count == 0) return false;
-  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-  return index < count && device_properties(index).major >= 8;
-}
-
 bool tf32_allowed(const at::Tensor& a, const at::Tensor&) {
   return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
 }

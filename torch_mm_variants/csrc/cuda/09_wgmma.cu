@@ -33,9 +33,7 @@
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "hopper.cuh"
-
-#include <cuda.h>
-#include <cudaTypedefs.h>
+#include "tensor_map.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -50,7 +48,7 @@ constexpr int BM = 128, BK = 64;
 constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
 constexpr int kATile = BM * BK;                    // elements of A in one stage
-constexpr int kBox = 64;                           // 128 bytes: the swizzle row
+constexpr int kBox = kTmaBoxInner;                 // 128 bytes: the swizzle row
 [[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;  // a 64 x 64 box, 8 KB
 // The epilogue stages a consumer's tile in rounds of kStoreCols columns: 64 x 64 boxes, 8 KB.
 constexpr int kStoreCols = 128, kStaging = 64 * kStoreCols;
@@ -353,43 +351,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // ---- Host side --------------------------------------------------------------------------------
 
-// cuTensorMapEncodeTiled lives in the driver library; the runtime hands out its address, so the
-// extension needs no link against libcuda.
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
-  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-    void* fn = nullptr;
-    cudaDriverEntryPointQueryResult found;
-    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
-                                                    cudaEnableDefault, &found));
-    TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                "mm_variants::matmul: the CUDA driver does not provide cuTensorMapEncodeTiled");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
-  }();
-  return encode;
-}
-
-// A 2-D tensor map over a matrix whose contiguous dimension has `inner` elements and whose
-// `outer` lines are `ld` elements apart, copied in boxes of kBox x box_outer with the 128-byte
-// swizzle. Reads outside the matrix return zeros.
-template <typename T>
-CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer) {
-  constexpr CUtensorMapDataType kType = std::is_same_v<T, c10::BFloat16>
-                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
-                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-  CUtensorMap map;
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(T)};
-  const cuuint32_t box[2] = {kBox, static_cast<cuuint32_t>(box_outer)};
-  const cuuint32_t element_strides[2] = {1, 1};
-  const CUresult result = tensor_map_encoder()(
-      &map, kType, 2, const_cast<T*>(data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(result == CUDA_SUCCESS, "mm_variants::matmul: wgmma could not describe a ", outer,
-              "x", inner, " operand to TMA (CUresult ", static_cast<int>(result), ")");
-  return map;
-}
-
 // The operand's tiles as the kernel expects them: K-major ones in one box of BK x rows per stage,
 // M/N-major ones in 64 x 64 boxes.
 template <class P>
@@ -481,43 +442,41 @@ void launch(const G& g, const Epi& epi = {}) {
   }
 }
 
-template <typename T>
-void wgmma_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  with_gemm<T>(a, b, out, [&](auto g) {
-    if (g.a.aligned(16) && g.b.aligned(16)) {
-      launch(g);
-    } else {  // TMA cannot address the operand
-      find_algorithm(a.device(), "tensor_core").run(a, b, out);
-    }
+// Calls f(gemm) for out = a @ b when TMA can address both operands; other views go to rung 8
+// (`fallback(tensor_core)`), never to a copy engine fault.
+template <typename F, typename Fallback>
+void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&& f,
+                   Fallback&& fallback) {
+  dispatch_16bit(a.scalar_type(), [&](auto dtype) {
+    with_gemm<decltype(dtype)>(a, b, out, [&](auto g) {
+      if (g.a.aligned(16) && g.b.aligned(16)) {
+        f(g);
+      } else {
+        fallback(find_algorithm(a.device(), "tensor_core"));
+      }
+    });
   });
 }
 
 void wgmma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  if (a.scalar_type() == at::kBFloat16) {
-    wgmma_typed<c10::BFloat16>(a, b, out);
-  } else {
-    wgmma_typed<c10::Half>(a, b, out);
-  }
+  with_tma_gemm(
+      a, b, out, [](const auto& g) { launch(g); },
+      [&](const Algorithm& rung8) { rung8.run(a, b, out); });
 }
 
 // linear's epilogue, fused for the nn.Linear layout (x row-major, w.t() column-major: both
-// K-contiguous) when TMA can address it and the epilogue is cheap: a bias and relu ride along
-// with the stores for free, but erf, tanh and exp on every sum hold up the tensor cores longer
-// than a separate pass over the output takes. Otherwise the plain kernel (or rung 8's fused one,
-// for views TMA cannot address) and the epilogue from ATen.
-template <typename T>
-void wgmma_fused_typed(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
-                       at::Tensor& out) {
-  const T* bias = epilogue.bias.defined() ? static_cast<const T*>(epilogue.bias.data_ptr())
-                                          : nullptr;
-  const int columns = epilogue.bias.defined() ? static_cast<int>(epilogue.bias.size(0)) : 0;
-  with_gemm<T>(a, b, out, [&](auto g) {
-    using G = decltype(g);
+// K-contiguous) when the epilogue is cheap: a bias and relu ride along with the stores for free,
+// but erf, tanh and exp on every sum hold up the tensor cores longer than a separate pass over
+// the output takes. Otherwise the plain kernel and the epilogue from ATen.
+void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
+                 at::Tensor& out) {
+  const auto fused = [&](const auto& g) {
+    using G = std::decay_t<decltype(g)>;
+    using T = typename G::scalar;
     constexpr bool kLinearLayout = decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous;
-    if (!g.a.aligned(16) || !g.b.aligned(16)) {
-      find_algorithm(a.device(), "tensor_core").run_fused(a, b, epilogue, out);
-      return;
-    }
+    const T* bias = epilogue.bias.defined() ? static_cast<const T*>(epilogue.bias.data_ptr())
+                                            : nullptr;
+    const int columns = epilogue.bias.defined() ? static_cast<int>(epilogue.bias.size(0)) : 0;
     if constexpr (kLinearLayout) {
       if (epilogue.activation == Activation::kNone) {
         return launch(g, BiasActivation<T, Activation::kNone>{bias, columns});
@@ -528,30 +487,9 @@ void wgmma_fused_typed(const at::Tensor& a, const at::Tensor& b, const Epilogue&
     }
     launch(g);
     apply_epilogue(epilogue, out);
-  });
-}
-
-void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilogue,
-                 at::Tensor& out) {
-  if (a.scalar_type() == at::kBFloat16) {
-    wgmma_fused_typed<c10::BFloat16>(a, b, epilogue, out);
-  } else {
-    wgmma_fused_typed<c10::Half>(a, b, epilogue, out);
-  }
-}
-
-bool sm90a(c10::Device device) {
-#if defined(MM_VARIANTS_WITH_SM90A)
-  const int count = c10::cuda::device_count();
-  if (count == 0) return false;
-  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-  if (index >= count) return false;
-  const DeviceInfo& info = device_properties(index);
-  return info.major == 9 && info.minor == 0;
-#else
-  (void)device;
-  return false;
-#endif
+  };
+  with_tma_gemm(a, b, out, fused,
+                [&](const Algorithm& rung8) { rung8.run_fused(a, b, epilogue, out); });
 }
 
 MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16}, &wgmma, &sm90a, nullptr,

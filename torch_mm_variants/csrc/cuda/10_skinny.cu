@@ -25,6 +25,7 @@
 // (K-contiguous) is copied into that layout first.
 #include "common.cuh"
 #include "mma.cuh"
+#include "skinny.cuh"
 
 #include <ATen/ops/empty.h>
 
@@ -35,7 +36,6 @@
 namespace mm_variants::cuda {
 namespace {
 
-constexpr int kMaxM = 64;
 // The block shape: warps of a block, which split its K range in interleaved steps, and the
 // 16-byte vectors (weight and x together) that a lane holds in flight in one step: the register
 // budget of a step. MM_VARIANTS_SKINNY, predefined (e.g. by a pre-included header), overrides
@@ -259,23 +259,6 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   }
 }
 
-// out = the sum of the `splits` partial products, added in split order.
-template <typename T>
-__global__ void sum_splits_kernel(const float* partial, T* out, int64_t count, int splits) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
-    out[i] = static_cast<T>(sum);
-  }
-}
-
-// Whether `ld` and `ptr` allow 16-byte loads of T rows.
-template <typename T>
-bool rows_aligned(const void* ptr, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
-}
-
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
 template <typename T, int TILES>
@@ -310,39 +293,15 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
             <<<dim3(blocks, splits), kThreads, 0, stream>>>(problem);
         C10_CUDA_KERNEL_LAUNCH_CHECK();
       },
-      rows_aligned<T>(w.data_ptr(), ldw));
-  if (splits > 1) {
-    const int64_t count = M * N;
-    const int grid = static_cast<int>(std::min<int64_t>(ceil_div(count, 256), 4 * 1024));
-    sum_splits_kernel<T><<<grid, 256, 0, stream>>>(partial.data_ptr<float>(),
-                                                   static_cast<T*>(out.data_ptr()), count, splits);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+      skinny::rows_aligned<T>(w.data_ptr(), ldw));
+  if (splits > 1) skinny::sum_splits<T>(partial, out);
 }
 
 template <typename T>
 void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "mm_variants::matmul: skinny takes N and K below 2^31,"
-              " got ", M, "x", K, " and ", K, "x", N);
-
-  // x = a with K-contiguous, 16-byte aligned rows (a single row needs no leading dimension);
-  // otherwise a copy with padded rows, which costs little next to the weight.
-  at::Tensor x = a;
-  int64_t ldx = M == 1 ? 0 : a.stride(0);
-  if (!((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ldx))) {
-    const int64_t padded = (K + kVec - 1) / kVec * kVec;
-    x = at::empty({M, padded}, a.options()).narrow(1, 0, K);
-    x.copy_(a);
-    ldx = padded;
-  }
-  // w = b.t(), [N, K], K-contiguous: the nn.Linear weight read in place. Other layouts of b are
-  // copied into it first.
-  at::Tensor w = b.t();
-  if (!(w.stride(1) == 1 || K == 1)) w = w.contiguous();
-  const int64_t ldw = N == 1 ? 0 : w.stride(0);
-
+  const skinny::Operands ops = skinny::operands<T>(a, b);
+  const auto& [x, ldx, w, ldw] = ops;
+  const int64_t M = a.size(0);
   if (M <= 8) {
     launch_skinny<T, 1>(x, ldx, w, ldw, out);
   } else if (M <= 16) {
@@ -360,19 +319,8 @@ void skinny(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 }
 
 // mma.sync with bf16 and tf32 needs sm_80.
-bool has_mma_sm80(c10::Device device) {
-  const int count = c10::cuda::device_count();
-  if (count == 0) return false;
-  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
-  return index < count && device_properties(index).major >= 8;
-}
-
-bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxM; }
-
-MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &has_mma_sm80,
-                      &few_rows,
-                      "skinny is for few rows of a (LLM decode): it takes M <= 64; use another "
-                      "algorithm (or 'auto') for larger M"});
+MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &sm80_or_newer,
+                      &skinny::few_rows, skinny::kFewRowsOnly});
 
 }  // namespace
 }  // namespace mm_variants::cuda

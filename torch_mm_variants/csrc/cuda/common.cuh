@@ -137,6 +137,17 @@ void dispatch_bools(F&& f, bool first, Flags... rest) {
   }
 }
 
+// Calls f(c10::BFloat16{}) for bf16 and f(c10::Half{}) otherwise: the dispatch of the kernels
+// that take only 16-bit inputs (their registrations list no other dtype).
+template <typename F>
+void dispatch_16bit(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kBFloat16) {
+    f(c10::BFloat16{});
+  } else {
+    f(c10::Half{});
+  }
+}
+
 // Calls f(gemm) with the Gemm for out = a @ b, its operand layouts as template arguments (four
 // instantiations). Row- and column-major operands are read in place, at any storage offset and
 // leading dimension; other strides are copied first (with_unit_stride).
@@ -231,6 +242,32 @@ inline const DeviceInfo& device_properties(int index) {
   const std::lock_guard<std::mutex> lock(mutex);
   if (!cache[index]) cache[index] = std::make_unique<DeviceInfo>(read_device_info(index));
   return *cache[index];
+}
+
+// The properties of `device`, or null when it is not a CUDA device of this process.
+inline const DeviceInfo* device_info_for(c10::Device device) {
+  const int count = c10::cuda::device_count();
+  if (count == 0) return nullptr;
+  const int index = device.has_index() ? device.index() : c10::cuda::current_device();
+  return index < count ? &device_properties(index) : nullptr;
+}
+
+// The devices that mma.sync with bf16 and tf32 runs on: sm_80 and newer.
+inline bool sm80_or_newer(c10::Device device) {
+  const DeviceInfo* info = device_info_for(device);
+  return info != nullptr && info->major >= 8;
+}
+
+// The devices that run sm_90a code (wgmma, setmaxnreg): compute capability 9.0 exactly, and only
+// in a build that compiled it (-DMM_VARIANTS_WITH_SM90A).
+inline bool sm90a(c10::Device device) {
+#if defined(MM_VARIANTS_WITH_SM90A)
+  const DeviceInfo* info = device_info_for(device);
+  return info != nullptr && info->major == 9 && info->minor == 0;
+#else
+  (void)device;
+  return false;
+#endif
 }
 
 // ---- Device helpers --------------------------------------------------------------------------

@@ -212,65 +212,81 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 // The accumulator operands of m64nNk16: thread (warp w, lane 4g + t) holds, for each 8-column
 // block j, C[16w + g][8j + 2t, +1] in d[4j], d[4j + 1] and C[16w + g + 8][8j + 2t, +1] in
 // d[4j + 2], d[4j + 3]: N / 2 floats.
-#define MMV_ACC8(i)                                                                       \
-  "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
-      "+f"(d[i + 6]), "+f"(d[i + 7])
-#define MMV_ACC64(i)                                                                     \
-  MMV_ACC8(i), MMV_ACC8(i + 8), MMV_ACC8(i + 16), MMV_ACC8(i + 24), MMV_ACC8(i + 32),    \
-      MMV_ACC8(i + 40), MMV_ACC8(i + 48), MMV_ACC8(i + 56)
+#define MMV_ACC4(i) "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3])
+#define MMV_ACC8(i) MMV_ACC4(i), MMV_ACC4(i + 4)
+#define MMV_ACC16(i) MMV_ACC8(i), MMV_ACC8(i + 8)
+#define MMV_ACC32(i) MMV_ACC16(i), MMV_ACC16(i + 16)
+#define MMV_ACC64(i) MMV_ACC32(i), MMV_ACC32(i + 32)
+#define MMV_ACC128(i) MMV_ACC64(i), MMV_ACC64(i + 64)
+#define MMV_REGS4 "%0, %1, %2, %3"
+#define MMV_REGS8 MMV_REGS4 ", %4, %5, %6, %7"
+#define MMV_REGS16 MMV_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
+#define MMV_REGS32 \
+  MMV_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
 #define MMV_REGS64 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+  MMV_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
+             ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
 #define MMV_REGS128 \
-  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, " \
-  "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
-  "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, " \
-  "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, " \
-  "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, " \
-  "%80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, " \
-  "%96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
-  "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127"
-// D[64 x N] (+)= A[64 x 16] B[16 x N]; the operands after the accumulators are A's and B's
-// descriptors, the accumulate flag and the two transpose immediates.
+  MMV_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
+             ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
+             ", %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109" \
+             ", %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122" \
+             ", %123, %124, %125, %126, %127"
+// D[64 x N] (+)= A[64 x 16] B[16 x N]; the operands after the N / 2 accumulators are A's and B's
+// descriptors, the accumulate flag and the two transpose immediates, numbered from N / 2.
 #define MMV_WGMMA(N, TYPE, REGS, A, B, SCALE, TA, TB)                                 \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE ", 0;\n"                                \
   "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE "\n{" REGS "},\n" \
   "%" #A ", %" #B ", p, 1, 1, %" #TA ", %" #TB ";\n}\n"
+// The instruction for N, in bf16 or f16. ACC is only ever expanded here, never passed on.
+#define MMV_WGMMA_N(N, REGS, ACC, A, B, SCALE, TA, TB)                                     \
+  if constexpr (kBf16) {                                                                  \
+    asm volatile(MMV_WGMMA(N, "bf16", REGS, A, B, SCALE, TA, TB)                          \
+                 : ACC                                                                    \
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));           \
+  } else {                                                                                \
+    asm volatile(MMV_WGMMA(N, "f16", REGS, A, B, SCALE, TA, TB)                           \
+                 : ACC                                                                    \
+                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));           \
+  }
 
-// D[64 x N] (+)= A[64 x 16] B[16 x N] for one warpgroup, float accumulation, N = 128 or 256.
-// `accumulate` false overwrites D (the first step of a tile). kTransA / kTransB: A is M-major /
-// B is N-major.
+// D[64 x N] (+)= A[64 x 16] B[16 x N] for one warpgroup, float accumulation. The block tiles use
+// N = 128 or 256; the skinny rung puts up to 64 tokens in N. `accumulate` false overwrites D
+// (the first step of a tile). kTransA / kTransB: A is M-major / B is N-major.
 template <int N, bool kBf16, bool kTransA, bool kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
                                              bool accumulate) {
-  static_assert(N == 128 || N == 256, "the block tiles use N = 128 or 256");
   const int scale_d = accumulate;
   constexpr int kTa = kTransA, kTb = kTransB;
-  if constexpr (N == 256 && kBf16) {
-    asm volatile(MMV_WGMMA(256, "bf16", MMV_REGS128, 128, 129, 130, 131, 132)
-                 : MMV_ACC64(0), MMV_ACC64(64)
-                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
-  } else if constexpr (N == 256) {
-    asm volatile(MMV_WGMMA(256, "f16", MMV_REGS128, 128, 129, 130, 131, 132)
-                 : MMV_ACC64(0), MMV_ACC64(64)
-                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
-  } else if constexpr (kBf16) {
-    asm volatile(MMV_WGMMA(128, "bf16", MMV_REGS64, 64, 65, 66, 67, 68)
-                 : MMV_ACC64(0)
-                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
+  if constexpr (N == 8) {
+    MMV_WGMMA_N(8, MMV_REGS4, MMV_ACC4(0), 4, 5, 6, 7, 8)
+  } else if constexpr (N == 16) {
+    MMV_WGMMA_N(16, MMV_REGS8, MMV_ACC8(0), 8, 9, 10, 11, 12)
+  } else if constexpr (N == 32) {
+    MMV_WGMMA_N(32, MMV_REGS16, MMV_ACC16(0), 16, 17, 18, 19, 20)
+  } else if constexpr (N == 64) {
+    MMV_WGMMA_N(64, MMV_REGS32, MMV_ACC32(0), 32, 33, 34, 35, 36)
+  } else if constexpr (N == 128) {
+    MMV_WGMMA_N(128, MMV_REGS64, MMV_ACC64(0), 64, 65, 66, 67, 68)
   } else {
-    asm volatile(MMV_WGMMA(128, "f16", MMV_REGS64, 64, 65, 66, 67, 68)
-                 : MMV_ACC64(0)
-                 : "l"(a_desc), "l"(b_desc), "r"(scale_d), "n"(kTa), "n"(kTb));
+    static_assert(N == 256, "N is 8, 16, 32, 64, 128 or 256 here");
+    MMV_WGMMA_N(256, MMV_REGS128, MMV_ACC128(0), 128, 129, 130, 131, 132)
   }
 }
 
+#undef MMV_WGMMA_N
 #undef MMV_WGMMA
 #undef MMV_REGS128
 #undef MMV_REGS64
+#undef MMV_REGS32
+#undef MMV_REGS16
+#undef MMV_REGS8
+#undef MMV_REGS4
+#undef MMV_ACC128
 #undef MMV_ACC64
+#undef MMV_ACC32
+#undef MMV_ACC16
 #undef MMV_ACC8
+#undef MMV_ACC4
 
 }  // namespace mm_variants::cuda::hopper

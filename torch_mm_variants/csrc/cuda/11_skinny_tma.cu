@@ -1,0 +1,267 @@
+// Rung 11, skinny_tma: rung 10's decode product, out = x @ w.t() for M <= 64 tokens against an
+// nn.Linear weight w [N, K], with rung 9's Hopper machinery (sm_90a).
+//
+// Rung 10 gives each block 16 weight rows, and each block reads all of x again from L2: at 32 or
+// 64 tokens that is two to four times the weight's own bytes, and its speed falls to a fifth of
+// torch.mm's. Its fragments also live in registers, so more tokens leave room for fewer loads in
+// flight. Here:
+// - TMA streams the weight: one producer thread keeps a ring of stages in flight (each two boxes
+//   of 64 rows x 64 k, 16 KB of weight), two blocks per SM, with no registers held. The copy
+//   engine zero-fills rows past N and k past K, so tails need no code.
+// - wgmma multiplies them: w's 64 rows are the instruction's M, the tokens (M rounded up to
+//   8, 16, 32 or 64) its N, both operands K-major in 128-byte swizzled shared memory. At these
+//   sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream w
+//   once, up to 64 tokens.
+// - A block's x tile (tokens x k) is at most as large as its weight tile, so x adds at most as
+//   much L2 traffic as the weight.
+// - Blocks own 64 weight rows and a range of K. When N / 64 blocks cannot fill the GPU, K is
+//   split across blocks and a second pass adds the float partial sums in split order (skinny.cuh):
+//   no atomics, the same bits on every run.
+// Measured on an H200 it streams the weight at about 2.9 TB/s at every M up to 64, level with
+// torch.mm. Up to 8 tokens rung 10's loads stream faster (about 3.1 TB/s), so `auto` keeps rung 10
+// there (rung10_is_faster below).
+// Only fp16 and bf16 (float32 takes rung 10). TMA needs 16-byte aligned rows: an x that is not
+// gets copied (it is small), a w that is not takes rung 10's kernel.
+#include "common.cuh"
+#include "hopper.cuh"
+#include "skinny.cuh"
+#include "tensor_map.cuh"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <mutex>
+
+namespace mm_variants::cuda {
+namespace {
+
+constexpr int kRows = 64;                // weight rows of a block: the wgmma M
+constexpr int BK = kTmaBoxInner;         // k of a box: one 128-byte swizzle row
+constexpr int kThreads = 128 + 32;       // the consumer warpgroup, then the producer warp
+constexpr int kMaxSplits = 32;
+// The ring's shape: boxes of 64 k per stage (more make longer runs of each weight row per
+// stage) and the shared memory of a block (96 KB: two blocks per SM). MM_VARIANTS_SKINNY_TMA,
+// predefined, overrides them for a sweep.
+#ifndef MM_VARIANTS_SKINNY_TMA  // BOXES, SMEM_KB
+#define MM_VARIANTS_SKINNY_TMA 2, 96
+#endif
+constexpr int kShape[] = {MM_VARIANTS_SKINNY_TMA};
+constexpr int kSmemPerBlock = kShape[1] * 1024;
+
+// The stage ring for TOKENS columns of x (the wgmma N): per stage, kBoxes weight boxes of
+// 64 rows x 64 k and as many x boxes of TOKENS x 64 k, and as many stages as fit kSmemPerBlock.
+template <int TOKENS>
+struct Ring {
+  static constexpr int kWBox = kRows * BK, kXBox = TOKENS * BK;  // elements
+  static constexpr int kBoxes = std::max(1, std::min(kShape[0], kSmemPerBlock / (2 * (kWBox + kXBox) * 2)));
+  static constexpr int kWTile = kBoxes * kWBox, kXTile = kBoxes * kXBox;
+  static constexpr int kStepK = kBoxes * BK;  // k of a stage
+  static constexpr int kStageBytes = (kWTile + kXTile) * 2;
+  static constexpr int kStages = kSmemPerBlock / kStageBytes;
+  static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + align
+  static_assert(kStages >= 2 && (kXBox * 2) % 1024 == 0, "a ring; boxes start on swizzle atoms");
+};
+// Below this many stages a split leaves its ring half empty.
+constexpr int kMinStepsPerSplit = 4;
+
+// A K-major tile's k16 step as a wgmma operand: 128-byte rows, 8-row atoms 1024 bytes apart.
+__device__ __forceinline__ uint64_t k_major_step(const uint16_t* tile, int k16) {
+  return hopper::smem_descriptor(tile + 16 * k16, 16, 1024);
+}
+
+// The producer thread: steps `steps` stages of k from `step0`, each once its slot is free.
+template <class R>
+__device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
+                        uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
+                        int steps) {
+  for (int i = 0; i < steps; ++i) {
+    const int s = i % R::kStages, k0 = (step0 + i) * R::kStepK;
+    hopper::mbarrier_wait(&empty[s], ((i / R::kStages) & 1) ^ 1);
+    hopper::mbarrier_arrive_expect_tx(&full[s], R::kStageBytes);
+#pragma unroll
+    for (int b = 0; b < R::kBoxes; ++b) {
+      hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k0 + b * BK, n0);
+      hopper::tma_load_2d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k0 + b * BK, 0);
+    }
+  }
+}
+
+// Thread (warp v, lane 4g + t) holds d[4j + 2h + e] = out[token 8j + 2t + e][row n0 + 16v + g + 8h]
+// (hopper.cuh's accumulator layout with the weight rows as wgmma's M). Stored in T, or as float
+// into this split's slice of `partial`.
+template <typename T, int TOKENS>
+__device__ __forceinline__ void store(const float (&d)[TOKENS / 2], T* out, float* partial, int M,
+                                      int N, int n0) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t slice = static_cast<int64_t>(blockIdx.y) * M * N;
+#pragma unroll
+  for (int j = 0; j < TOKENS / 8; ++j) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int m = 8 * j + 2 * (lane % 4) + q % 2, n = n0 + 16 * warp + lane / 4 + 8 * (q / 2);
+      if (m >= M || n >= N) continue;
+      const int64_t at = static_cast<int64_t>(m) * N + n;
+      if (partial != nullptr) {
+        partial[slice + at] = d[4 * j + q];
+      } else {
+        out[at] = static_cast<T>(d[4 * j + q]);
+      }
+    }
+  }
+}
+
+// Block (blockIdx.x, blockIdx.y): weight rows 64 bx .. 64 bx + 63 over k steps
+// by * steps_per_split onwards (the host makes every split non-empty).
+template <typename T, int TOKENS>
+__global__ void __launch_bounds__(kThreads)
+    skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
+                      const __grid_constant__ CUtensorMap x_map, T* out, float* partial, int M,
+                      int N, int K, int steps_per_split) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using R = Ring<TOKENS>;
+  constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+  extern __shared__ uint8_t smem_raw[];
+  uint8_t* smem = reinterpret_cast<uint8_t*>(
+      (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);  // swizzle atoms
+  uint16_t* w_tiles = reinterpret_cast<uint16_t*>(smem);
+  uint16_t* x_tiles = w_tiles + R::kStages * R::kWTile;
+  uint64_t* full = reinterpret_cast<uint64_t*>(x_tiles + R::kStages * R::kXTile);
+  uint64_t* empty = full + R::kStages;
+
+  const int n0 = blockIdx.x * kRows;
+  const int step0 = blockIdx.y * steps_per_split;
+  const int steps = min(steps_per_split, (K - 1) / R::kStepK + 1 - step0);
+  if (threadIdx.x == 0) {
+    hopper::prefetch_tensor_map(&w_map);
+    hopper::prefetch_tensor_map(&x_map);
+    for (int s = 0; s < R::kStages; ++s) {
+      hopper::mbarrier_init(&full[s], 1);
+      hopper::mbarrier_init(&empty[s], 4);  // one arrival per consumer warp
+    }
+    hopper::fence_barrier_init();
+  }
+  __syncthreads();
+
+  if (threadIdx.x >= 128) {
+    if (threadIdx.x == 128) {
+      produce<R>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps);
+    }
+    return;
+  }
+  float d[TOKENS / 2];
+  for (int i = 0; i < steps; ++i) {
+    const int s = i % R::kStages;
+    hopper::mbarrier_wait(&full[s], (i / R::kStages) & 1);
+    const uint16_t* w = w_tiles + s * R::kWTile;
+    const uint16_t* x = x_tiles + s * R::kXTile;
+    hopper::fence_registers(d);
+    hopper::wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < R::kStepK / 16; ++k16) {
+      const int box = k16 / (BK / 16), step = k16 % (BK / 16);
+      hopper::wgmma_m64k16<TOKENS, kBf16, false, false>(
+          d, k_major_step(w + box * R::kWBox, step), k_major_step(x + box * R::kXBox, step),
+          i > 0 || k16 > 0);
+    }
+    hopper::wgmma_commit();
+    // The multiply is short next to a tile's trip from memory: wait for it and free the slot.
+    hopper::wgmma_wait<0>();
+    hopper::fence_registers(d);
+    if (threadIdx.x % 32 == 0) hopper::mbarrier_arrive(&empty[s]);
+  }
+  store<T, TOKENS>(d, out, partial, M, N, n0);
+#endif
+}
+
+// Blocks of `kernel` that fit on one SM, asked once per device.
+template <class Kernel>
+int blocks_per_sm(Kernel* kernel, int smem_bytes) {
+  static std::mutex mutex;
+  static std::map<int, int> by_device;
+  const int device = c10::cuda::current_device();
+  const std::lock_guard<std::mutex> lock(mutex);
+  auto found = by_device.find(device);
+  if (found != by_device.end()) return found->second;
+  int blocks = 0;
+  C10_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes));
+  return by_device[device] = std::max(blocks, 1);
+}
+
+// The K split: as many splits as keep all N / 64 row blocks resident at once on every SM, while
+// each split keeps enough steps to fill its ring. Returns the steps per split.
+int steps_per_split(int64_t row_blocks, int64_t k_steps, int resident_blocks) {
+  const int64_t most = std::min<int64_t>(kMaxSplits, k_steps / kMinStepsPerSplit);
+  const int64_t splits = std::clamp<int64_t>(resident_blocks / row_blocks, 1, std::max<int64_t>(most, 1));
+  return static_cast<int>(ceil_div(k_steps, splits));
+}
+
+template <typename T, int TOKENS>
+void launch_skinny_tma(const skinny::Operands& ops, at::Tensor& out) {
+  using R = Ring<TOKENS>;
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t M = ops.x.size(0), K = ops.x.size(1), N = ops.w.size(0);
+  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
+  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
+  const CUtensorMap w_map = tile_map(static_cast<const T*>(ops.w.data_ptr()), K, N,
+                                     N == 1 ? row_pitch : ops.ldw, kRows);
+  const CUtensorMap x_map = tile_map(static_cast<const T*>(ops.x.data_ptr()), K, M,
+                                     M == 1 ? row_pitch : ops.ldx, TOKENS);
+
+  auto* kernel = skinny_tma_kernel<T, TOKENS>;
+  allow_dynamic_smem(kernel, R::kSmemBytes);
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
+  const int per_split =
+      steps_per_split(row_blocks, k_steps, sms * blocks_per_sm(kernel, R::kSmemBytes));
+  const int splits = static_cast<int>(ceil_div(k_steps, per_split));
+  at::Tensor partial;
+  if (splits > 1) partial = at::empty({splits, M, N}, out.options().dtype(at::kFloat));
+
+  kernel<<<dim3(static_cast<unsigned>(row_blocks), splits), kThreads, R::kSmemBytes,
+           c10::cuda::getCurrentCUDAStream()>>>(
+      w_map, x_map, static_cast<T*>(out.data_ptr()),
+      splits > 1 ? partial.data_ptr<float>() : nullptr, static_cast<int>(M), static_cast<int>(N),
+      static_cast<int>(K), per_split);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  if (splits > 1) skinny::sum_splits<T>(partial, out);
+}
+
+void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  dispatch_16bit(a.scalar_type(), [&](auto dtype) {
+    using T = decltype(dtype);
+    const skinny::Operands ops = skinny::operands<T>(a, b);
+    if (!skinny::rows_aligned<T>(ops.w.data_ptr(), ops.ldw)) {  // TMA cannot address w
+      return find_algorithm(a.device(), "skinny").run(a, b, out);
+    }
+    const int64_t M = a.size(0);
+    if (M <= 8) {
+      launch_skinny_tma<T, 8>(ops, out);
+    } else if (M <= 16) {
+      launch_skinny_tma<T, 16>(ops, out);
+    } else if (M <= 32) {
+      launch_skinny_tma<T, 32>(ops, out);
+    } else {
+      launch_skinny_tma<T, 64>(ops, out);
+    }
+  });
+}
+
+// Where rung 10 measured faster (scripts/bench_skinny.py on an H200): up to 8 tokens, its
+// register-held loads stream the weight at about 3.1 TB/s to TMA's 2.9; at 16 tokens too, as long
+// as its 16-row blocks all fit on the GPU at once (two per SM). From 32 tokens on, its blocks
+// re-read x from L2 and this rung is up to four times faster.
+bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t M = a.size(0), N = b.size(1);
+  const int sms = device_info_for(a.device())->multiProcessorCount;
+  return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
+}
+
+MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kHalf, at::kBFloat16}, &skinny_tma,
+                      &sm90a, &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
+                      /*run_fused=*/nullptr, /*run_batched=*/nullptr, &rung10_is_faster});
+
+}  // namespace
+}  // namespace mm_variants::cuda

@@ -1,0 +1,82 @@
+// What the two skinny rungs (10: mma.sync on any sm_80+, 11: TMA and wgmma on sm_90a) share:
+// the operands as they read them (x [M, K] and the nn.Linear weight w [N, K], both K-contiguous)
+// and the pass that adds the float partial sums of a K split in a fixed order.
+#pragma once
+
+#include "common.cuh"
+
+#include <ATen/ops/empty.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace mm_variants::cuda::skinny {
+
+// Both rungs take at most this many rows of a: the tokens of LLM decode.
+constexpr int kMaxM = 64;
+
+inline bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxM; }
+
+constexpr const char* kFewRowsOnly =
+    "it is for few rows of a (LLM decode) and takes M <= 64; use another algorithm (or 'auto') "
+    "for larger M";
+
+// Whether `ld` and `ptr` allow 16-byte loads of T rows.
+template <typename T>
+bool rows_aligned(const void* ptr, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
+}
+
+// x[m][k] at x + m * ldx, w[n][k] at w + n * ldw. A single row has leading dimension 0.
+struct Operands {
+  at::Tensor x;
+  int64_t ldx;
+  at::Tensor w;
+  int64_t ldw;
+};
+
+// x = a with K-contiguous, 16-byte aligned rows; otherwise a copy with padded rows, which costs
+// little next to the weight. w = b.t(), [N, K], K-contiguous: the nn.Linear weight read in place.
+// Other layouts of b are copied into it first.
+template <typename T>
+Operands operands(const at::Tensor& a, const at::Tensor& b) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "mm_variants::matmul: skinny takes N and K below 2^31,"
+              " got ", M, "x", K, " and ", K, "x", N);
+  Operands ops{a, M == 1 ? 0 : a.stride(0), b.t(), 0};
+  if (!((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ops.ldx))) {
+    const int64_t padded = (K + kVec - 1) / kVec * kVec;
+    ops.x = at::empty({M, padded}, a.options()).narrow(1, 0, K);
+    ops.x.copy_(a);
+    ops.ldx = padded;
+  }
+  if (!(ops.w.stride(1) == 1 || K == 1)) ops.w = ops.w.contiguous();
+  ops.ldw = N == 1 ? 0 : ops.w.stride(0);
+  return ops;
+}
+
+// out = the sum of the `splits` partial products, added in split order.
+template <typename T>
+__global__ void sum_splits_kernel(const float* partial, T* out, int64_t count, int splits) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    float sum = 0.0f;
+    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
+    out[i] = static_cast<T>(sum);
+  }
+}
+
+// Adds partial [splits, M, N] (float) into out [M, N] on the current stream: no atomics, so the
+// result is the same bits on every run.
+template <typename T>
+void sum_splits(const at::Tensor& partial, at::Tensor& out) {
+  const int64_t count = out.numel();
+  const int grid = static_cast<int>(std::min<int64_t>(ceil_div(count, 256), 4 * 1024));
+  sum_splits_kernel<T><<<grid, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      partial.data_ptr<float>(), static_cast<T*>(out.data_ptr()), count,
+      static_cast<int>(partial.size(0)));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+}  // namespace mm_variants::cuda::skinny

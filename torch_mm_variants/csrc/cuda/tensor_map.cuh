@@ -1,0 +1,65 @@
+// Host side of TMA (the Hopper tensor memory accelerator): the CUtensorMap that tells the copy
+// engine how a 2-D matrix lies in global memory and which box of it one copy moves. The kernels
+// that copy with TMA (hopper.cuh's tma_load_2d and tma_store_2d) take these maps as
+// __grid_constant__ parameters.
+#pragma once
+
+#include "common.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+
+#include <type_traits>
+
+namespace mm_variants::cuda {
+
+// The inner extent of every box: 64 16-bit elements, one 128-byte swizzle row.
+constexpr int kTmaBoxInner = 64;
+
+// cuTensorMapEncodeTiled lives in the driver library; the runtime hands out its address, so the
+// extension needs no link against libcuda.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found;
+    C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
+                                                    cudaEnableDefault, &found));
+    TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
+                "mm_variants::matmul: the CUDA driver does not provide cuTensorMapEncodeTiled");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }();
+  return encode;
+}
+
+// Whether TMA can address a matrix of T at `data` whose lines are `ld` elements apart: the base
+// and the line pitch must be multiples of 16 bytes.
+template <typename T>
+bool tma_addressable(const void* data, int64_t ld) {
+  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
+}
+
+// A 2-D tensor map over a 16-bit matrix whose contiguous dimension has `inner` elements and whose
+// `outer` lines are `ld` elements apart, copied in boxes of kTmaBoxInner x box_outer with the
+// 128-byte swizzle. Reads outside the matrix return zeros; stores outside it are dropped.
+template <typename T>
+CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer) {
+  static_assert(sizeof(T) == 2, "the 128-byte swizzle row holds 64 16-bit elements");
+  constexpr CUtensorMapDataType kType = std::is_same_v<T, c10::BFloat16>
+                                            ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
+                                            : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+  CUtensorMap map;
+  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
+  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(T)};
+  const cuuint32_t box[2] = {kTmaBoxInner, static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t element_strides[2] = {1, 1};
+  const CUresult result = tensor_map_encoder()(
+      &map, kType, 2, const_cast<T*>(data), dims, strides, box, element_strides,
+      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  TORCH_CHECK(result == CUDA_SUCCESS, "mm_variants::matmul: TMA could not describe a ", outer,
+              "x", inner, " operand (leading dimension ", ld, ", CUresult ",
+              static_cast<int>(result), ")");
+  return map;
+}
+
+}  // namespace mm_variants::cuda
