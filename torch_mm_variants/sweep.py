@@ -69,25 +69,35 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     import matplotlib.pyplot as plt
 
     families = list(dict.fromkeys(r["family"] for r in rows))
+    names = list(dict.fromkeys(r["algorithm"].split(" (")[0] for r in rows))
+    # One colour per algorithm in every panel, though some (skinny) appear in only a few.
+    palette = plt.get_cmap("tab10").colors + plt.get_cmap("Dark2").colors
+    colors = {name: palette[i % len(palette)] for i, name in
+              enumerate(n for n in names if n != bench.BASELINE)}
+    colors[bench.BASELINE] = "black"
     fig, axes = plt.subplots(2, len(families), figsize=(5 * len(families), 8), squeeze=False)
     for column, family in enumerate(families):
         subset = [r for r in rows if r["family"] == family]
         for ax, metric, unit in [(axes[0][column], "tflops", "TFLOP/s"),
                                  (axes[1][column], "gbps", "GB/s")]:
-            for name in dict.fromkeys(r["algorithm"].split(" (")[0] for r in subset):
+            for name in names:
                 points = [r for r in subset if r["algorithm"].split(" (")[0] == name]
-                style = {"linewidth": 2.5, "color": "black"} if name == bench.BASELINE else {}
+                if not points:
+                    continue
                 ax.plot([r["m"] for r in points], [r[metric] for r in points], marker="o",
-                        markersize=3, label=name, **style)
+                        markersize=3, label=name, color=colors[name],
+                        linewidth=2.5 if name == bench.BASELINE else 1.5)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("M = N = K" if family == "square"
                           else f"M (tokens), weight [N, K] = {family.split()[1]}")
             ax.set_ylabel(unit)
             ax.set_title(family)
             ax.grid(True, alpha=0.3)
-    axes[0][0].legend(fontsize=7)
-    fig.suptitle(title)
-    fig.tight_layout()
+    handles = [plt.Line2D([], [], color=colors[n], marker="o", markersize=3, label=n)
+               for n in names]
+    fig.legend(handles=handles, loc="upper right", fontsize=8, ncol=min(len(names), 5))
+    fig.suptitle(title, x=0.02, ha="left")
+    fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
 
