@@ -37,8 +37,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 
 namespace mm_variants::cuda {
 namespace {
@@ -363,17 +361,13 @@ CUtensorMap operand_map(const P& p, int64_t x_extent, int64_t K, int rows) {
 // once per kernel and device (the answer depends on how SMs group into GPCs).
 template <class Kernel>
 int resident_clusters(Kernel* kernel, const cudaLaunchConfig_t& config) {
-  static std::mutex mutex;
-  static std::map<int, int> by_device;
-  const int device = c10::cuda::current_device();
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto found = by_device.find(device);
-  if (found != by_device.end()) return found->second;
-  int clusters = 0;
-  C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-  TORCH_CHECK(clusters > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
-              device_properties(device).name);
-  return by_device[device] = clusters;
+  return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
+    int clusters = 0;
+    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
+    TORCH_CHECK(clusters > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
+                device_properties(c10::cuda::current_device()).name);
+    return clusters;
+  });
 }
 
 // Launches the persistent grid: one block per SM (as many clusters as fit), never more blocks

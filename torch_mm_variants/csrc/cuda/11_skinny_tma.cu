@@ -31,8 +31,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <map>
-#include <mutex>
 
 namespace mm_variants::cuda {
 namespace {
@@ -175,19 +173,15 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// Blocks of `kernel` that fit on one SM, asked once per device.
+// Blocks of `kernel` that fit on one SM, asked once per kernel and device.
 template <class Kernel>
 int blocks_per_sm(Kernel* kernel, int smem_bytes) {
-  static std::mutex mutex;
-  static std::map<int, int> by_device;
-  const int device = c10::cuda::current_device();
-  const std::lock_guard<std::mutex> lock(mutex);
-  auto found = by_device.find(device);
-  if (found != by_device.end()) return found->second;
-  int blocks = 0;
-  C10_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes));
-  return by_device[device] = std::max(blocks, 1);
+  return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, kThreads, smem_bytes));
+    return std::max(blocks, 1);
+  });
 }
 
 // The K split: as many splits as keep all N / 64 row blocks resident at once on every SM, while

@@ -14,6 +14,7 @@
 
 #include <climits>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <cstdint>
 #include <mutex>
@@ -268,6 +269,20 @@ inline bool sm90a(c10::Device device) {
   (void)device;
   return false;
 #endif
+}
+
+// query() for `kernel` on the current device, asked once per kernel and device: occupancy answers,
+// which cost a driver call and do not change while the process runs. Keyed by the kernel's
+// address, since template instances that differ only in their tile shapes share one type.
+template <class Query>
+int once_per_kernel_and_device(const void* kernel, Query&& query) {
+  static std::mutex mutex;
+  static std::map<std::pair<const void*, int>, int> answers;
+  const std::pair<const void*, int> key(kernel, c10::cuda::current_device());
+  const std::lock_guard<std::mutex> lock(mutex);
+  const auto found = answers.find(key);
+  if (found != answers.end()) return found->second;
+  return answers[key] = query();
 }
 
 // ---- Device helpers --------------------------------------------------------------------------
