@@ -53,7 +53,9 @@ constexpr int kSmemPerBlock = kShape[1] * 1024;
 template <int TOKENS>
 struct Ring {
   static constexpr int kWBox = kRows * BK, kXBox = TOKENS * BK;  // elements
-  static constexpr int kBoxes = std::max(1, std::min(kShape[0], kSmemPerBlock / (2 * (kWBox + kXBox) * 2)));
+  // At least two stages of kBoxes boxes each must fit.
+  static constexpr int kBoxes =
+      std::max(1, std::min(kShape[0], kSmemPerBlock / (2 * (kWBox + kXBox) * 2)));
   static constexpr int kWTile = kBoxes * kWBox, kXTile = kBoxes * kXBox;
   static constexpr int kStepK = kBoxes * BK;  // k of a stage
   static constexpr int kStageBytes = (kWTile + kXTile) * 2;
@@ -65,7 +67,8 @@ struct Ring {
 constexpr int kMinStepsPerSplit = 4;
 
 // A K-major tile's k16 step as a wgmma operand: 128-byte rows, 8-row atoms 1024 bytes apart.
-__device__ __forceinline__ uint64_t k_major_step(const uint16_t* tile, int k16) {
+[[maybe_unused]] __device__ __forceinline__ uint64_t k_major_step(const uint16_t* tile,
+                                                                  int k16) {
   return hopper::smem_descriptor(tile + 16 * k16, 16, 1024);
 }
 
@@ -188,7 +191,8 @@ int blocks_per_sm(Kernel* kernel, int smem_bytes) {
 // each split keeps enough steps to fill its ring. Returns the steps per split.
 int steps_per_split(int64_t row_blocks, int64_t k_steps, int resident_blocks) {
   const int64_t most = std::min<int64_t>(kMaxSplits, k_steps / kMinStepsPerSplit);
-  const int64_t splits = std::clamp<int64_t>(resident_blocks / row_blocks, 1, std::max<int64_t>(most, 1));
+  const int64_t splits =
+      std::clamp<int64_t>(resident_blocks / row_blocks, 1, std::max<int64_t>(most, 1));
   return static_cast<int>(ceil_div(k_steps, splits));
 }
 
