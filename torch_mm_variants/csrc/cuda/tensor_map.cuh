@@ -31,13 +31,6 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// Whether TMA can address a matrix of T at `data` whose lines are `ld` elements apart: the base
-// and the line pitch must be multiples of 16 bytes.
-template <typename T>
-bool tma_addressable(const void* data, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(data) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
-}
-
 // A 2-D tensor map over a 16-bit matrix whose contiguous dimension has `inner` elements and whose
 // `outer` lines are `ld` elements apart, copied in boxes of kTmaBoxInner x box_outer with the
 // 128-byte swizzle. Reads outside the matrix return zeros; stores outside it are dropped.
