@@ -81,6 +81,18 @@ def test_misaligned_and_strided_views(algorithm, dtype):
 
 
 @pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
+def test_every_split_count(algorithm, dtype):
+    """Two weight-row blocks and K = 512 s - 1: skinny_tma splits K s ways (128 k per stage, at
+    least 4 stages per split), one thread-block cluster of s blocks for each row block, for every
+    cluster size up to 8; rung 10 splits as its own rule says."""
+    torch.manual_seed(0)
+    for splits in range(1, 9):
+        k = 512 * splits - 1
+        a = random_matrix(33, k, dtype, "cuda")
+        assert_matches_reference(a, weight_view(65, k, dtype), algorithm)
+
+
+@pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
 def test_deterministic(algorithm, dtype):
     torch.manual_seed(0)
     for m, n, k in [(16, 129, 4097), (7, 4103, 1000), (64, 300, 2000)]:  # split K, then not

@@ -15,6 +15,7 @@
 #include <climits>
 #include <cstring>
 #include <map>
+#include <tuple>
 #include <memory>
 #include <cstdint>
 #include <mutex>
@@ -271,14 +272,15 @@ inline bool sm90a(c10::Device device) {
 #endif
 }
 
-// query() for `kernel` on the current device, asked once per kernel and device: occupancy answers,
-// which cost a driver call and do not change while the process runs. Keyed by the kernel's
-// address, since template instances that differ only in their tile shapes share one type.
+// query() for `kernel` on the current device, asked once per kernel, device and `variant` (e.g. a
+// cluster size): occupancy answers, which cost a driver call and do not change while the process
+// runs. Keyed by the kernel's address, since template instances that differ only in their tile
+// shapes share one type.
 template <class Query>
-int once_per_kernel_and_device(const void* kernel, Query&& query) {
+int once_per_kernel_and_device(const void* kernel, Query&& query, int variant = 0) {
   static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, int> answers;
-  const std::pair<const void*, int> key(kernel, c10::cuda::current_device());
+  static std::map<std::tuple<const void*, int, int>, int> answers;
+  const std::tuple<const void*, int, int> key(kernel, c10::cuda::current_device(), variant);
   const std::lock_guard<std::mutex> lock(mutex);
   const auto found = answers.find(key);
   if (found != answers.end()) return found->second;

@@ -55,19 +55,6 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
   } while (!done);
 }
 
-// Arrives on the barrier at `bar`'s offset in the shared memory of CTA `cta` of the cluster. The
-// default (CTA-scope) release suffices for a consumer handing back a stage it has finished
-// reading; a cluster-scope release here costs a third of the matmul's throughput.
-__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
-  asm volatile(
-      "{\n.reg .b32 remote;\n"
-      "mapa.shared::cluster.u32 remote, %0, %1;\n"
-      "mbarrier.arrive.shared::cluster.b64 _, [remote];\n}\n" ::"r"(
-          smem_addr(bar)),
-      "r"(cta)
-      : "memory");
-}
-
 // ---------------------------------------------------------------------------------------------
 // Thread-block clusters: CTAs launched together on neighbouring SMs that can reach each other's
 // shared memory.
@@ -76,6 +63,34 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
   uint32_t rank;
   asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
   return rank;
+}
+
+// The address of `ptr`'s offset in the shared memory of CTA `cta` of the cluster (distributed
+// shared memory), for the shared::cluster instructions below.
+__device__ __forceinline__ uint32_t cluster_smem_addr(const void* ptr, uint32_t cta) {
+  uint32_t remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+               : "=r"(remote)
+               : "r"(smem_addr(ptr)), "r"(cta));
+  return remote;
+}
+
+// Arrives on the barrier at `bar`'s offset in the shared memory of CTA `cta` of the cluster. The
+// default (CTA-scope) release suffices for a consumer handing back a stage it has finished
+// reading; a cluster-scope release here costs a third of the matmul's throughput.
+__device__ __forceinline__ void mbarrier_arrive_cluster(uint64_t* bar, uint32_t cta) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_smem_addr(bar, cta))
+               : "memory");
+}
+
+// Four floats from a cluster_smem_addr address, in this CTA's or another's shared memory.
+__device__ __forceinline__ float4 ld_cluster_float4(uint32_t addr) {
+  float4 v;
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
 }
 
 // Every thread of every CTA of the cluster: shared-memory writes before it (barrier inits

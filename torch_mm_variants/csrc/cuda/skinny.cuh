@@ -1,6 +1,7 @@
 // What the two skinny rungs (10: mma.sync on any sm_80+, 11: TMA and wgmma on sm_90a) share:
-// the operands as they read them (x [M, K] and the nn.Linear weight w [N, K], both K-contiguous)
-// and the pass that adds the float partial sums of a K split in a fixed order.
+// the operands as they read them (x [M, K] and the nn.Linear weight w [N, K], both K-contiguous).
+// Also rung 10's pass that adds the float partial sums of a K split in a fixed order (rung 11
+// adds its splits inside a thread-block cluster).
 #pragma once
 
 #include "common.cuh"
