@@ -204,6 +204,25 @@ struct AsyncTileCopy {
     src = kKOuter ? data + row * ld + x0 + col : data + (int64_t(x0) + row) * ld + col;
   }
 
+  // Issues this thread's copies of K tile kt when the whole tile lies inside the matrix: whole
+  // 16-byte chunks, no predicates, one address add per copy. Most tiles are like this; the
+  // general issue() below costs several times the instructions per copy, and the copies share
+  // the issue slots of the warps that feed the tensor cores.
+  __device__ __forceinline__ void issue_whole(uint32_t stage, int kt, int64_t ld) const {
+    const E* tile = src + (kKOuter ? int64_t(kt) * kOuter * ld : int64_t(kt) * kInner);
+    const uint32_t dst = stage + (row * kPitch + col) * sizeof(E);
+#pragma unroll
+    for (int i = 0; i < kPasses; ++i) {
+      mma::cp_async_16(dst + i * kRowsPerPass * kPitch * sizeof(E), tile + i * kRowsPerPass * ld,
+                       16);
+    }
+  }
+
+  // Whether K tiles of this block's operand are whole where K is: x_left as for issue().
+  __host__ __device__ static constexpr bool whole_across(int x_left) {
+    return x_left >= (kKOuter ? kInner : kOuter);
+  }
+
   // Issues this thread's copies of K tile kt into the stage at shared address `stage`. x_left:
   // rows (K inner) or columns (K outer) of the tile inside the matrix; `base`: any valid
   // address of the operand, the source of empty copies.
@@ -266,10 +285,24 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   const AsyncTileCopy<L::kBOuter, L::kBInner, L::kBPitch, L::kThreads, !L::kBK, E> b_copy(
       b, g.b.ld, n0);
   const uint32_t a_stages = mma::smem_addr(a_smem), b_stages = mma::smem_addr(b_smem);
-  // Both operands 16-byte aligned: every stage is one branch-free run of cp.async.
+  // Both operands 16-byte aligned: every stage is a run of cp.async, predicate-free for the
+  // tiles that lie wholly inside the matrix (all but the last K tile and the edge blocks). Tiles
+  // past the last one are never read, so they are not copied.
+  const int whole_k_tiles = g.K / L::BK;
+  const bool a_whole = a_copy.whole_across(m_left), b_whole = b_copy.whole_across(n_left);
   const auto async_stage = [&](int stage, int kt) {
-    a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a_base, g.a.ld, g.K, m_left);
-    b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b_base, g.b.ld, g.K, n_left);
+    const uint32_t a_stage = a_stages + stage * L::kAStage * L::kElem;
+    const uint32_t b_stage = b_stages + stage * L::kBStage * L::kElem;
+    if (kt < whole_k_tiles && a_whole) {
+      a_copy.issue_whole(a_stage, kt, g.a.ld);
+    } else if (kt < k_tiles) {
+      a_copy.issue(a_stage, kt, a_base, g.a.ld, g.K, m_left);
+    }
+    if (kt < whole_k_tiles && b_whole) {
+      b_copy.issue_whole(b_stage, kt, g.b.ld);
+    } else if (kt < k_tiles) {
+      b_copy.issue(b_stage, kt, b_base, g.b.ld, g.K, n_left);
+    }
   };
   // Otherwise each operand copies as it can; K tiles past the end are skipped.
   const auto mixed_stage = [&](int stage, int kt) {
@@ -301,19 +334,26 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   // lane (g, t) reads row or column g at k = t and t + 4.
   const int j = lane / 8, r = lane % 8, gq = lane / 4, tq = lane % 4;
 
-  // The fragments of the MMA step at k offset kk of a stage.
-  const auto load_a = [&](uint32_t(&frag)[L::kMTiles][4], const E* as, int kk) {
+  // ldmatrix: this lane's row address in a stage (bytes from its start) for the warp's first
+  // 16-row piece of A and 16-column piece of B at k = 0. Other pieces and k steps lie a constant
+  // away, which the compiler folds into the instructions' address offsets.
+  const uint32_t a_lane = (L::kAK ? (warp_m + j % 2 * 8 + r) * L::kAPitch + j / 2 * L::kChunk
+                                  : (j / 2 * 8 + r) * L::kAPitch + warp_m + j % 2 * 8) * L::kElem;
+  const uint32_t b_lane = (L::kBK ? (warp_n + j / 2 * 8 + r) * L::kBPitch + j % 2 * L::kChunk
+                                  : (j % 2 * 8 + r) * L::kBPitch + warp_n + j / 2 * 8) * L::kElem;
+
+  // The fragments of the MMA step at k offset kk of stage `stage`.
+  const auto load_a = [&](uint32_t(&frag)[L::kMTiles][4], int stage, int kk) {
+    const uint32_t lane_at = a_stages + stage * L::kAStage * L::kElem + a_lane;
 #pragma unroll
     for (int mi = 0; mi < L::kMTiles; ++mi) {
-      const int m = warp_m + mi * 16;
       if constexpr (L::kAK) {  // [m][k]: matrix j is rows m + 8 (j % 2), k chunk j / 2
-        mma::ldmatrix_x4(frag[mi], mma::smem_addr(as + (m + j % 2 * 8 + r) * L::kAPitch + kk +
-                                                  j / 2 * L::kChunk));
-      } else if constexpr (L::kElem == 2) {  // [k][m], transposed by ldmatrix
-        mma::ldmatrix_x4_trans(
-            frag[mi], mma::smem_addr(as + (kk + j / 2 * 8 + r) * L::kAPitch + m + j % 2 * 8));
+        mma::ldmatrix_x4(frag[mi], lane_at + (mi * 16 * L::kAPitch + kk) * L::kElem);
+      } else if constexpr (L::kElem == 2) {  // [k][m], transposed by ldmatrix: k rows j / 2
+        mma::ldmatrix_x4_trans(frag[mi], lane_at + (kk * L::kAPitch + mi * 16) * L::kElem);
       } else {  // [k][m] 32-bit: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
-        const E* p = as + (kk + tq) * L::kAPitch + m + gq;
+        const E* p =
+            a_smem + stage * L::kAStage + (kk + tq) * L::kAPitch + warp_m + mi * 16 + gq;
         frag[mi][0] = p[0];
         frag[mi][1] = p[8];
         frag[mi][2] = p[4 * L::kAPitch];
@@ -323,19 +363,18 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
       for (int q = 0; q < 4; ++q) frag[mi][q] = MmaOp<T>::prepare(frag[mi][q]);
     }
   };
-  const auto load_b = [&](uint32_t(&frag)[L::kNTiles][2], const E* bs, int kk) {
+  const auto load_b = [&](uint32_t(&frag)[L::kNTiles][2], int stage, int kk) {
+    const uint32_t lane_at = b_stages + stage * L::kBStage * L::kElem + b_lane;
 #pragma unroll
     for (int np = 0; np < L::kNTiles / 2; ++np) {  // two 8-column MMA tiles per load
-      const int n = warp_n + np * 16;
       uint32_t x[4];
       if constexpr (L::kBK) {  // [n][k]: matrix j is rows n + 8 (j / 2), k chunk j % 2
-        mma::ldmatrix_x4(x, mma::smem_addr(bs + (n + j / 2 * 8 + r) * L::kBPitch + kk +
-                                           j % 2 * L::kChunk));
-      } else if constexpr (L::kElem == 2) {  // [k][n], transposed by ldmatrix
-        mma::ldmatrix_x4_trans(
-            x, mma::smem_addr(bs + (kk + j % 2 * 8 + r) * L::kBPitch + n + j / 2 * 8));
+        mma::ldmatrix_x4(x, lane_at + (np * 16 * L::kBPitch + kk) * L::kElem);
+      } else if constexpr (L::kElem == 2) {  // [k][n], transposed by ldmatrix: k rows j % 2
+        mma::ldmatrix_x4_trans(x, lane_at + (kk * L::kBPitch + np * 16) * L::kElem);
       } else {  // [k][n] 32-bit: b0 (t, g), b1 (t + 4, g) of columns n and n + 8
-        const E* p = bs + (kk + tq) * L::kBPitch + n + gq;
+        const E* p =
+            b_smem + stage * L::kBStage + (kk + tq) * L::kBPitch + warp_n + np * 16 + gq;
         x[0] = p[0];
         x[1] = p[4 * L::kBPitch];
         x[2] = p[8];
@@ -364,8 +403,8 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
     __syncthreads();
 
     uint32_t a_frag[2][L::kMTiles][4], b_frag[2][L::kNTiles][2];
-    load_a(a_frag[0], a_smem, 0);
-    load_b(b_frag[0], b_smem, 0);
+    load_a(a_frag[0], 0, 0);
+    load_b(b_frag[0], 0, 0);
     for (int kt = 0; kt < k_tiles; ++kt) {
       const int stage = kt % C::kStages;
       const int following = kt + 1 < k_tiles ? (kt + 1) % C::kStages : stage;
@@ -377,8 +416,8 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
         }
         const int from = ks == L::kSlices - 1 ? following : stage;
         const int kk = (ks + 1) % L::kSlices * L::kMmaK;
-        load_a(a_frag[(ks + 1) % 2], a_smem + from * L::kAStage, kk);
-        load_b(b_frag[(ks + 1) % 2], b_smem + from * L::kBStage, kk);
+        load_a(a_frag[(ks + 1) % 2], from, kk);
+        load_b(b_frag[(ks + 1) % 2], from, kk);
 #pragma unroll
         for (int mi = 0; mi < L::kMTiles; ++mi) {
 #pragma unroll
