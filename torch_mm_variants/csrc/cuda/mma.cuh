@@ -92,11 +92,16 @@ __device__ __forceinline__ void mma_m16n8k8_tf32(float (&d)[4], const uint32_t (
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-// Rounds a float (given as its bits) to the nearest tf32, ties away from zero, rather than
-// letting the tensor core truncate it.
+// Rounds a float (given as its bits) to the nearest tf32 rather than letting the tensor core
+// truncate it. sm_90 rounds ties to even in one instruction; sm_80 has only ties away from zero
+// (cvt.rna), which takes three.
 __device__ __forceinline__ uint32_t round_to_tf32(uint32_t x) {
   uint32_t r;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("cvt.rn.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
+#else
   asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(__uint_as_float(x)));
+#endif
   return r;
 }
 
