@@ -14,8 +14,8 @@
 // Tile parameters (WarpTiling): block tile BM x BN x BK, warp tile WM x WN, thread tile TM x TN,
 // and the resident blocks per SM that __launch_bounds__ budgets registers for. The defaults,
 // 128 x 256 x 8 blocks of 8 warps with 64 x 64 warp tiles and 8 x 16 thread tiles, one block per
-// SM, won the sweep of scripts/tune_warp_tiling.py (4096^3 float32, H200), which predefines
-// MM_VARIANTS_WARP_TILING to try others.
+// SM, won the sweep of `scripts/tune_tiling.py --rung warp_tiling` (4096^3 float32, H200), which
+// predefines MM_VARIANTS_WARP_TILING to try others.
 #include "common.cuh"
 
 namespace mm_variants::cuda {
