@@ -1,7 +1,8 @@
 """The Hopper rung: listed only where it can run, TMA and wgmma really in the compiled kernels,
 and the paths the generic sweeps of test_matmul.py do not force: every operand layout on sizes
 just off the 128 x 256 x 64 tiles with TMA-compatible strides, K tails inside a stage, more tiles
-than SMs (the persistent loop), and views TMA cannot address falling back to rung 8. Streams,
+than SMs (the persistent loop), K split over clusters for outputs of few tiles, and views TMA
+cannot address falling back to rung 8. Streams,
 graph capture and devices are covered for every CUDA rung in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
@@ -88,6 +89,69 @@ def test_wide_tiles_without_a_cluster(a_layout, b_layout):
     n = 256 * 2 * torch.cuda.get_device_properties(0).multi_processor_count
     a, b = padded_view(128, 64, a_layout, torch.bfloat16), padded_view(64, n, b_layout, torch.bfloat16)
     assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_every_split_count(dtype, a_layout, b_layout):
+    """Outputs with too few tiles to fill half the SMs split K (from K = 4096) over a thread-block
+    cluster: 8 ways with one tile row (M = 100), 4 where pairs of blocks share B tiles (M = 129,
+    clusters of 2 x 4), with K tails in the last split. N = 200 stores the sums one element at a
+    time, N = 264 four at a time."""
+    torch.manual_seed(0)
+    for k in (4096, 4097, 4351, 5000):
+        for m in (100, 129):
+            for n in (200, 264):
+                a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
+                assert_matches_reference(a, b, ALGORITHM)
+
+
+# Outputs of few 128 x 256 tiles: K split over clusters on a GPU of 132 SMs, with pairs of blocks
+# sharing B tiles in all but the last.
+SPLIT_SHAPES = [(256, 4096, 4096), (136, 264, 4100), (100, 1000, 4097)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("activation", ["none", "relu", "silu"])
+def test_split_k_with_linear_epilogue(activation):
+    """The bias and relu are applied to the sums of the splits as they are stored (silu in a pass
+    after the kernel)."""
+    torch.manual_seed(0)
+    for m, n, k in SPLIT_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        out = mmv.linear(x, w, bias, activation, ALGORITHM)
+        y = x.double() @ w.double().t() + bias.double()
+        ref = {"none": y, "relu": torch.relu(y), "silu": torch.nn.functional.silu(y)}[activation]
+        error = ((out.double() - ref).norm() / ref.norm()).item()
+        assert error < 1e-2, f"{m}x{n}x{k} {activation}: relative error {error:.2e}"
+
+
+@needs_sm90
+def test_split_k_is_deterministic_and_graph_capturable():
+    """The splits are added in the same order on every run, so repeated runs give the same bits;
+    the cluster launch also runs inside a CUDA graph."""
+    torch.manual_seed(0)
+    inputs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+               torch.randn(k, n, device="cuda", dtype=torch.float16)) for m, n, k in SPLIT_SHAPES]
+    expected = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
+    for (a, b), first in zip(inputs, expected):
+        assert torch.equal(mmv.matmul(a, b, ALGORITHM), first)
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        with torch.cuda.graph(graph):
+            captured = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
+    torch.cuda.current_stream().wait_stream(stream)
+    for out in captured:
+        out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    for out, first in zip(captured, expected):
+        assert torch.equal(out, first)
 
 
 @needs_sm90

@@ -20,6 +20,13 @@
 //   share its B tile: each copies half of it and TMA multicasts the half into both blocks' shared
 //   memory, so a block reads 32 KB of L2 per stage instead of 48. A stage is free again once the
 //   consumers of both blocks have read it.
+// - Split K for outputs too small to give half the SMs a tile (e.g. 1024 x 1024, or 256 tokens
+//   against a 4096-wide weight): each tile (or pair of tiles sharing B) is shared by up to 8
+//   blocks of a cluster, each a range of K. Each leaves its float sums in its own shared memory
+//   (over the drained ring); after a cluster barrier every block adds a share of its tile over
+//   the splits (distributed shared memory), in split order, and stores it. No atomics and no
+//   second launch: the same bits on every run. Wide tiles and B sharing keep the L2 traffic per
+//   multiply-add low, which is what bounds these small-M products.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
 // row of 16-bit elements, 48 KB a stage), or 128 x 128 with 6 stages where 256-wide tiles would
@@ -30,6 +37,7 @@
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
 // code=sm_90a) and is listed only on compute capability 9.0 devices.
+#include "cluster_launch.cuh"
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "hopper.cuh"
@@ -45,6 +53,7 @@ constexpr int BM = 128, BK = 64;
 [[maybe_unused]] constexpr int kGroupM = 16;  // tile rows per group of the grouped tile order
 constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
+constexpr int kConsumersBarrier = 1 + kConsumers;  // named barrier of both consumers (1, 2: each)
 constexpr int kATile = BM * BK;                    // elements of A in one stage
 constexpr int kBox = kTmaBoxInner;                 // 128 bytes: the swizzle row
 [[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;  // a 64 x 64 box, 8 KB
@@ -61,10 +70,12 @@ struct TileShape {
   static constexpr int kBTile = BN * BK;                 // elements of B in one stage
   static constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
   static constexpr int kAccumulators = BN / 2;           // per consumer thread
+  static constexpr int kPartialPitch = BN + 8;           // floats per row of a split's sums
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
   static_assert(BN % kStoreCols == 0 && kAccumulators <= 128 && kSmemBytes <= 227 * 1024,
                 "fits one SM and its registers");
+  static_assert(BM * kPartialPitch * 4 <= kStages * kStageBytes, "the partial tile fits the ring");
 };
 using WideTile = TileShape<256, 4>;
 using NarrowTile = TileShape<128, 6>;
@@ -72,6 +83,13 @@ using NarrowTile = TileShape<128, 6>;
 // Registers per thread after setmaxnreg: up to 128 accumulators plus addressing for the
 // consumers, the minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
 [[maybe_unused]] constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+
+// K splits for outputs of few tiles: clusters of at most 8 blocks (the portable limit), each split
+// at least 4 K steps so that its ring fills before it drains.
+constexpr int kMaxClusterBlocks = 8, kMinStepsPerSplit = 4;
+// Adding the splits costs a few microseconds per tile, which only a long K repays: on an H200 a
+// split lost a third of the speed at K = 512 and 1024 and gained up to a quarter at K >= 4096.
+constexpr int kMinStepsToSplit = 4096 / BK;
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
@@ -90,7 +108,8 @@ __device__ __forceinline__ uint64_t step_descriptor(const uint16_t* tile, int k1
 
 // The tiles of a persistent block: every gridDim.x / kCluster-th cluster tile from its cluster's
 // index. A cluster tile is kCluster block tiles stacked along M that share their B tile; each
-// block of the cluster takes one of them (its rank).
+// block of the cluster takes one of them (its rank). With K split, the blocks of a column of the
+// grid (a cluster along y) take the same tiles, each a range of their K steps.
 template <class S, int kCluster>
 struct TileWalk {
   int cluster_tiles, M, N;
@@ -106,29 +125,40 @@ struct TileWalk {
   }
 };
 
+// The K steps (BK each) of a block: all of them, or its split's share.
+struct StepRange {
+  int begin, end;
+};
+
+// Where a block sits in its cluster: `rank` in its group of kCluster blocks that share B tiles,
+// the group's first block at cluster rank `group_cta` (with K split, one group per split).
+struct ClusterPlace {
+  int rank, group_cta;
+};
+
 // The producer thread: for each tile and K step, waits until the stage is free in every block of
 // the cluster, then copies A (BM x BK) into its own block and its 1 / kCluster share of B
 // (BN x BK) into every block of the cluster. K-major tiles are boxes of 64 x rows; M/N-major
 // tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
 template <class S, bool kAK, bool kBK, int kCluster>
 __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint16_t* a_tiles,
-                        uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N, int K,
-                        int rank) {
+                        uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N,
+                        StepRange steps, ClusterPlace place) {
   const TileWalk<S, kCluster> walk(M, N);
-  const int k_steps = (K - 1) / BK + 1;
-  constexpr uint16_t kAllCtas = (1u << kCluster) - 1;
+  const int rank = place.rank;
+  const uint16_t group_ctas = static_cast<uint16_t>(((1u << kCluster) - 1) << place.group_cta);
   const auto load_b = [&](uint16_t* dst, uint64_t* bar, int c0, int c1) {
     if constexpr (kCluster == 1) {
       hopper::tma_load_2d(dst, b_map, bar, c0, c1);
     } else {
-      hopper::tma_load_2d_multicast(dst, b_map, bar, c0, c1, kAllCtas);
+      hopper::tma_load_2d_multicast(dst, b_map, bar, c0, c1, group_ctas);
     }
   };
   int it = 0;
   for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
     const int2 origin = walk.origin(t, rank);
     const int n0 = origin.y;
-    for (int ks = 0; ks < k_steps; ++ks, ++it) {
+    for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages, k0 = ks * BK;
       hopper::mbarrier_wait(&empty[s], ((it / S::kStages) & 1) ^ 1);
       hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes);
@@ -230,15 +260,68 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
   }
 }
 
-// Hands stage `bar` back: each consumer warp arrives on it in every block of the cluster, since
+// Split K: a consumer's 64 x BN float sums into the block's partial tile, which lies over the
+// stage ring. The pitch spreads each half warp's 8-byte stores over all 32 banks.
+template <class S>
+__device__ __forceinline__ void store_partial(const float (&acc)[S::kAccumulators], float* partial,
+                                              int consumer) {
+  const int lane = threadIdx.x % 32;
+  const int row = consumer * 64 + 16 * (threadIdx.x / 32 % 4) + lane / 4;
+#pragma unroll
+  for (int j = 0; j < S::BN / 8; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float* to = partial + (row + 8 * h) * S::kPartialPitch + 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(to) = make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    }
+  }
+}
+
+// Split K, after the cluster barrier that follows store_partial: the consumer threads of the
+// block of split `split` take every `splits`-th run of their number of float4s of the tile, add
+// each over the partial tiles of the same tile (group rank `rank`) in every split, in split
+// order (the same bits on every run), and store the sums to C through epi.
+template <class S, int kCluster, typename T, class Epi>
+__device__ void sum_partials(const float* partial, const Epi& epi, T* c, int M, int N, int2 origin,
+                             int rank, int split, int splits) {
+  constexpr int kQuads = S::BN / 4;  // float4s per row
+  constexpr int kSummers = 128 * kConsumers;
+  const bool quads = N % 4 == 0;  // C rows then start 8-byte aligned
+  for (int i = split * kSummers + threadIdx.x - 128; i < BM * kQuads; i += splits * kSummers) {
+    const int row = i / kQuads, col = i % kQuads * 4;
+    const int m = origin.x + row, n = origin.y + col;
+    if (m >= M || n >= N) continue;
+    const float* at = partial + row * S::kPartialPitch + col;
+    float4 sum = hopper::ld_cluster_float4(hopper::cluster_smem_addr(at, rank));
+    for (int s = 1; s < splits; ++s) {
+      const uint32_t from = hopper::cluster_smem_addr(at, s * kCluster + rank);
+      const float4 v = hopper::ld_cluster_float4(from);
+      sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
+    }
+    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+    T* to = c + static_cast<int64_t>(m) * N + n;
+    if (quads) {
+      Vec<T, 4> v;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) v.v[e] = static_cast<T>(epi(values[e], n + e));
+      *reinterpret_cast<Vec<T, 4>*>(to) = v;
+    } else {
+      for (int e = 0; e < 4 && n + e < N; ++e) to[e] = static_cast<T>(epi(values[e], n + e));
+    }
+  }
+}
+
+// Hands stage `bar` back: each consumer warp arrives on it in every block of its group, since
 // every block's producer writes into this block's copy of the stage.
 template <int kCluster>
-__device__ __forceinline__ void release_stage(uint64_t* bar) {
+__device__ __forceinline__ void release_stage(uint64_t* bar, ClusterPlace place) {
   if constexpr (kCluster == 1) {
     hopper::mbarrier_arrive(bar);
   } else {
 #pragma unroll
-    for (int cta = 0; cta < kCluster; ++cta) hopper::mbarrier_arrive_cluster(bar, cta);
+    for (int cta = 0; cta < kCluster; ++cta) {
+      hopper::mbarrier_arrive_cluster(bar, place.group_cta + cta);
+    }
   }
 }
 
@@ -247,17 +330,16 @@ __device__ __forceinline__ void release_stage(uint64_t* bar) {
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
                         uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, const Epi& epi,
-                        T* c, int M, int N, int K, int rank) {
+                        T* c, int M, int N, StepRange steps, ClusterPlace place) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const TileWalk<S, kCluster> walk(M, N);
-  const int k_steps = (K - 1) / BK + 1;
   const bool warp_leader = threadIdx.x % 32 == 0;
   float acc[S::kAccumulators];
   int it = 0;
   for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
-    const int2 origin = walk.origin(t, rank);
+    const int2 origin = walk.origin(t, place.rank);
     int previous = 0;
-    for (int ks = 0; ks < k_steps; ++ks, ++it) {
+    for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages;
       hopper::mbarrier_wait(&full[s], (it / S::kStages) & 1);
       const uint16_t* a = a_tiles + s * kATile + consumer * 64 * BK;
@@ -268,18 +350,22 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
       for (int k16 = 0; k16 < BK / 16; ++k16) {
         hopper::wgmma_m64k16<S::BN, kBf16, !kAK, !kBK>(acc, step_descriptor<kAK>(a, k16),
                                                         step_descriptor<kBK>(b, k16),
-                                                        ks > 0 || k16 > 0);
+                                                        ks > steps.begin || k16 > 0);
       }
       hopper::wgmma_commit();
       hopper::wgmma_wait<1>();
       hopper::fence_registers(acc);
-      if (ks > 0 && warp_leader) release_stage<kCluster>(&empty[previous]);
+      if (ks > steps.begin && warp_leader) release_stage<kCluster>(&empty[previous], place);
       previous = s;
     }
     hopper::wgmma_wait<0>();
     hopper::fence_registers(acc);
-    if (warp_leader) release_stage<kCluster>(&empty[previous]);
-    if (c_map != nullptr) {
+    if (warp_leader) release_stage<kCluster>(&empty[previous], place);
+    if (gridDim.y > 1) {
+      // The ring becomes the partial tile once neither consumer's wgmmas read it any more.
+      hopper::named_barrier_sync(kConsumersBarrier, 128 * kConsumers);
+      store_partial<S>(acc, reinterpret_cast<float*>(a_tiles), consumer);
+    } else if (c_map != nullptr) {
       store_tile_async<S, T>(acc, epi, staging, c_map, consumer, origin.x + consumer * 64,
                              origin.y);
     } else {
@@ -290,15 +376,18 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
   if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait<false>();
 }
 
-// kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast. Epi
-// (epilogue.cuh) maps each float32 sum of column n before it is rounded: linear's bias and
+// kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast. With
+// gridDim.y > 1, K is split too: the cluster is kCluster x gridDim.y blocks, one tile per group
+// of kCluster, and split y takes steps_per_split K steps (the last one fewer); the splits add up
+// their partial tiles through distributed shared memory.
+// Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded: linear's bias and
 // activation, or nothing.
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
                  const __grid_constant__ CUtensorMap b_map,
                  const __grid_constant__ CUtensorMap c_map, bool tma_store, Epi epi, T* c, int M,
-                 int N, int K) {
+                 int N, int K, int steps_per_split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzled tiles must start on 1024-byte boundaries (the swizzle atom). The offset is
@@ -310,7 +399,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   uint16_t* staging = b_tiles + S::kStages * S::kBTile;  // one buffer per consumer
   uint64_t* full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStaging);
   uint64_t* empty = full + S::kStages;
-  const int rank = kCluster == 1 ? 0 : static_cast<int>(hopper::cluster_cta_rank());
+  const int k_steps = (K - 1) / BK + 1;
+  const int split = static_cast<int>(blockIdx.y), splits = static_cast<int>(gridDim.y);
+  // Cluster ranks count along x first: the groups of kCluster blocks lie one per split.
+  const ClusterPlace place{static_cast<int>(blockIdx.x) % kCluster, split * kCluster};
+  const StepRange steps{split * steps_per_split, min(k_steps, (split + 1) * steps_per_split)};
   if (threadIdx.x == 0) {
     hopper::prefetch_tensor_map(&a_map);
     hopper::prefetch_tensor_map(&b_map);
@@ -333,14 +426,26 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     hopper::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      produce<S, kAK, kBK, kCluster>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, K, rank);
+      produce<S, kAK, kBK, kCluster>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, steps,
+                                     place);
     }
   } else {
     hopper::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
     consume<S, T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
-                                      full, empty, tma_store ? &c_map : nullptr, epi, c, M, N, K,
-                                      rank);
+                                      full, empty, tma_store ? &c_map : nullptr, epi, c, M, N,
+                                      steps, place);
+  }
+  if (splits > 1) {
+    __syncwarp();            // the producer warp reconverges for the aligned barrier
+    hopper::cluster_sync();  // every split's partial tile is written
+    if (warpgroup > 0) {
+      const TileWalk<S, kCluster> walk(M, N);
+      sum_partials<S, kCluster>(reinterpret_cast<const float*>(a_tiles), epi, c, M, N,
+                                walk.origin(walk.first(), place.rank), place.rank, split, splits);
+    }
+    __syncwarp();
+    hopper::cluster_sync();  // and read: no block may exit while others read its tile
   }
   // No block may exit while another block of its cluster can still write into its shared memory.
   if constexpr (kCluster > 1) hopper::cluster_sync();
@@ -357,62 +462,72 @@ CUtensorMap operand_map(const P& p, int64_t x_extent, int64_t K, int rows) {
                          : tile_map(p.data, x_extent, K, p.ld, kBox);
 }
 
-// Clusters of `config`'s shape that fit on the device at once: the persistent grid's size. Asked
-// once per kernel and device (the answer depends on how SMs group into GPCs).
-template <class Kernel>
-int resident_clusters(Kernel* kernel, const cudaLaunchConfig_t& config) {
-  return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), [&] {
-    int clusters = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    TORCH_CHECK(clusters > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
-                device_properties(c10::cuda::current_device()).name);
-    return clusters;
-  });
+// The kernel for problem G in tile shape S.
+template <class S, int kCluster, class G, class Epi>
+constexpr auto kernel_for() {
+  return wgmma_kernel<S, typename G::scalar, decltype(G::a)::k_contiguous,
+                      decltype(G::b)::k_contiguous, kCluster, Epi>;
 }
 
 // Launches the persistent grid: one block per SM (as many clusters as fit), never more blocks
-// than tiles.
+// than tiles. Or, with steps_per_split short of all K steps, one block per tile and split, in
+// clusters of kCluster x splits blocks.
 template <class S, int kCluster, class G, class Epi>
-void launch(const G& g, const Epi& epi) {
+void launch(const G& g, const Epi& epi, int steps_per_split) {
   using T = typename G::scalar;
-  constexpr bool kAK = decltype(G::a)::k_contiguous, kBK = decltype(G::b)::k_contiguous;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
   const CUtensorMap b_map = operand_map(g.b, g.N, g.K, S::BN / kCluster);
   // C rows must start on 16-byte boundaries for TMA to store them.
   const bool tma_store = g.N % (16 / sizeof(T)) == 0;
   const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.N, kBox) : CUtensorMap{};
-  auto* kernel = wgmma_kernel<S, T, kAK, kBK, kCluster, Epi>;
+  auto* kernel = kernel_for<S, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
+  const unsigned splits = ceil_div(ceil_div(g.K, BK), steps_per_split);
+  if (splits > 1) {
+    const ClusterLaunch split_launch(
+        dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits), dim3(kCluster, splits),
+        kThreads, S::kSmemBytes);
+    return split_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.M, g.N, g.K,
+                            steps_per_split);
+  }
+  const int resident = resident_clusters(kernel, dim3(kCluster), kThreads, S::kSmemBytes);
+  TORCH_CHECK(resident > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
+              device_properties(c10::cuda::current_device()).name);
+  const int64_t clusters = std::min<int64_t>(cluster_tiles, resident);
+  const ClusterLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)),
+                                        dim3(kCluster), kThreads, S::kSmemBytes);
+  persistent_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.M, g.N, g.K,
+                        steps_per_split);
+}
 
-  cudaLaunchAttribute cluster_shape;
-  cluster_shape.id = cudaLaunchAttributeClusterDimension;
-  cluster_shape.val.clusterDim.x = kCluster;
-  cluster_shape.val.clusterDim.y = 1;
-  cluster_shape.val.clusterDim.z = 1;
-  cudaLaunchConfig_t config = {};
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = S::kSmemBytes;
-  config.stream = c10::cuda::getCurrentCUDAStream();
-  config.attrs = &cluster_shape;
-  config.numAttrs = 1;
-  config.gridDim = dim3(kCluster);  // the occupancy query reads the cluster shape from here
-  const int64_t clusters = std::min<int64_t>(cluster_tiles, resident_clusters(kernel, config));
-  config.gridDim = dim3(static_cast<unsigned>(clusters * kCluster));
-  C10_CUDA_CHECK(
-      cudaLaunchKernelEx(&config, kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.M, g.N, g.K));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+// K split over clusters, when the output's kCluster-block groups of tile shape S fill at most
+// half the SMs: the most splits (up to a cluster of kMaxClusterBlocks, each split at least
+// kMinStepsPerSplit steps) whose clusters all fit at once. Returns whether it launched.
+template <class S, int kCluster, class G, class Epi>
+bool launch_split(const G& g, const Epi& epi, int sms) {
+  const int64_t groups = tile_count<S, kCluster>(g.M, g.N), k_steps = ceil_div(g.K, BK);
+  if (2 * groups * kCluster > sms || k_steps < kMinStepsToSplit) return false;
+  auto* kernel = kernel_for<S, kCluster, G, Epi>();
+  allow_dynamic_smem(kernel, S::kSmemBytes);  // before the occupancy query, which counts on it
+  const int per_split = steps_per_split(kernel, kThreads,
+                                        S::kSmemBytes, kCluster, groups, k_steps,
+                                        kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
+  if (per_split >= k_steps) return false;
+  launch<S, kCluster>(g, epi, per_split);
+  return true;
 }
 
 // Pairs of blocks along M share B when there are two tile rows to pair.
 template <class S, class G, class Epi>
 void launch_tiles(const G& g, const Epi& epi) {
+  const int all_steps = static_cast<int>(ceil_div(g.K, BK));
   if (g.M > BM) {
-    launch<S, 2>(g, epi);
+    launch<S, 2>(g, epi, all_steps);
   } else {
-    launch<S, 1>(g, epi);
+    launch<S, 1>(g, epi, all_steps);
   }
 }
 
@@ -422,11 +537,16 @@ double wave_efficiency(int64_t tiles, int sms) {
   return static_cast<double>(tiles) / static_cast<double>(waves * sms);
 }
 
-// Wide tiles unless narrow ones fill the SMs enough better to make up for reading more of L2
-// per multiply-add (taken as a tenth of their speed).
+// Outputs that leave at least half the SMs without a wide tile split K over clusters, in wide
+// tiles: they read the least L2 per multiply-add, which is what bounds small-M products.
+// Otherwise wide tiles, unless narrow ones fill the SMs enough better to make up for reading more
+// of L2 per multiply-add (taken as a tenth of their speed).
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  const bool split = g.M > BM ? launch_split<WideTile, 2>(g, epi, sms)
+                              : launch_split<WideTile, 1>(g, epi, sms);
+  if (split) return;
   const double wide = wave_efficiency(tile_count<WideTile>(g.M, g.N), sms);
   const double narrow = wave_efficiency(tile_count<NarrowTile>(g.M, g.N), sms);
   if (0.9 * narrow > wide) {

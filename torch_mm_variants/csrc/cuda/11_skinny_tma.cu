@@ -27,6 +27,7 @@
 // keeps rung 10 there (rung10_is_faster below).
 // Only fp16 and bf16 (float32 takes rung 10). TMA needs 16-byte aligned rows: an x that is not
 // gets copied (it is small), a w that is not takes rung 10's kernel.
+#include "cluster_launch.cuh"
 #include "common.cuh"
 #include "hopper.cuh"
 #include "skinny.cuh"
@@ -220,47 +221,6 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// A launch of `grid` blocks of `kernel`'s shape on the current stream: with more than one split
-// (grid.y), each column of blocks is a cluster.
-cudaLaunchConfig_t launch_config(dim3 grid, int smem_bytes, cudaLaunchAttribute* cluster_shape) {
-  cluster_shape->id = cudaLaunchAttributeClusterDimension;
-  cluster_shape->val.clusterDim = {1, grid.y, 1};
-  cudaLaunchConfig_t config = {};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem_bytes;
-  config.stream = c10::cuda::getCurrentCUDAStream();
-  config.attrs = cluster_shape;
-  config.numAttrs = grid.y > 1 ? 1 : 0;
-  return config;
-}
-
-// Clusters of `splits` blocks that fit on the GPU at once, asked once per kernel, cluster size and
-// device. A cluster stays within one GPC (a group of about 16 SMs), so this can be fewer than
-// the resident blocks divided by `splits`.
-template <class Kernel>
-int resident_clusters(Kernel* kernel, int smem_bytes, int splits) {
-  const auto query = [&] {
-    cudaLaunchAttribute cluster_shape;
-    const cudaLaunchConfig_t config =
-        launch_config(dim3(1, static_cast<unsigned>(splits)), smem_bytes, &cluster_shape);
-    int clusters = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &config));
-    return clusters;
-  };
-  return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), query, splits);
-}
-
-// The K split: the most splits (a cluster of at most kMaxSplits, each split at least
-// kMinStepsPerSplit steps) for which all row_blocks clusters are on the GPU at once. A second
-// wave would take as long as the first. Returns the steps per split.
-template <class Kernel>
-int steps_per_split(Kernel* kernel, int smem_bytes, int64_t row_blocks, int64_t k_steps) {
-  int splits = static_cast<int>(std::min<int64_t>(kMaxSplits, k_steps / kMinStepsPerSplit));
-  while (splits > 1 && resident_clusters(kernel, smem_bytes, splits) < row_blocks) --splits;
-  return static_cast<int>(ceil_div(k_steps, std::max(splits, 1)));
-}
-
 template <typename T, int TOKENS>
 void launch_skinny_tma(const skinny::Operands& ops, at::Tensor& out) {
   using R = Ring<TOKENS>;
@@ -276,15 +236,14 @@ void launch_skinny_tma(const skinny::Operands& ops, at::Tensor& out) {
   auto* kernel = skinny_tma_kernel<T, TOKENS>;
   allow_dynamic_smem(kernel, R::kSmemBytes);
   const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
-  const int per_split = steps_per_split(kernel, R::kSmemBytes, row_blocks, k_steps);
+  const int per_split = steps_per_split(kernel, kThreads, R::kSmemBytes, 1, row_blocks, k_steps,
+                                        kMaxSplits, kMinStepsPerSplit);
   const dim3 grid(static_cast<unsigned>(row_blocks),
                   static_cast<unsigned>(ceil_div(k_steps, per_split)));
-  cudaLaunchAttribute cluster_shape;
-  const cudaLaunchConfig_t config = launch_config(grid, R::kSmemBytes, &cluster_shape);
-  C10_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, w_map, x_map, static_cast<T*>(out.data_ptr()),
-                                    static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-                                    per_split));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  // With more than one split, each column of blocks is a cluster.
+  const ClusterLaunch launch(grid, dim3(1, grid.y), kThreads, R::kSmemBytes);
+  launch.run(kernel, w_map, x_map, static_cast<T*>(out.data_ptr()), static_cast<int>(M),
+             static_cast<int>(N), static_cast<int>(K), per_split);
 }
 
 void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
