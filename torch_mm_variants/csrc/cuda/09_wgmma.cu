@@ -20,13 +20,13 @@
 //   share its B tile: each copies half of it and TMA multicasts the half into both blocks' shared
 //   memory, so a block reads 32 KB of L2 per stage instead of 48. A stage is free again once the
 //   consumers of both blocks have read it.
-// - Split K for outputs too small to give half the SMs a tile (e.g. 1024 x 1024, or 256 tokens
-//   against a 4096-wide weight): each tile (or pair of tiles sharing B) is shared by up to 8
-//   blocks of a cluster, each a range of K. Each leaves its float sums in its own shared memory
-//   (over the drained ring); after a cluster barrier every block adds a share of its tile over
-//   the splits (distributed shared memory), in split order, and stores it. No atomics and no
-//   second launch: the same bits on every run. Wide tiles and B sharing keep the L2 traffic per
-//   multiply-add low, which is what bounds these small-M products.
+// - Split K for outputs too small to give half the SMs a tile, when K is long enough to repay it
+//   (e.g. 128 or 256 tokens against a 4096 x 4096 weight): each tile (or pair sharing B) is split
+//   over up to 8 blocks of a cluster, each a range of K. Each leaves its float sums in its own
+//   shared memory (over the drained ring); after a cluster barrier every block adds a share of
+//   its tile over the splits (distributed shared memory), in split order, and stores it. No
+//   atomics and no second launch: the same bits on every run. Wide tiles and B sharing keep the
+//   L2 traffic per multiply-add low, which is what bounds these small-M products.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
 // row of 16-bit elements, 48 KB a stage), or 128 x 128 with 6 stages where 256-wide tiles would
@@ -512,8 +512,7 @@ bool launch_split(const G& g, const Epi& epi, int sms) {
   if (2 * groups * kCluster > sms || k_steps < kMinStepsToSplit) return false;
   auto* kernel = kernel_for<S, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);  // before the occupancy query, which counts on it
-  const int per_split = steps_per_split(kernel, kThreads,
-                                        S::kSmemBytes, kCluster, groups, k_steps,
+  const int per_split = steps_per_split(kernel, kThreads, S::kSmemBytes, kCluster, groups, k_steps,
                                         kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
   if (per_split >= k_steps) return false;
   launch<S, kCluster>(g, epi, per_split);
