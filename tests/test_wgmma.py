@@ -97,12 +97,12 @@ def test_wide_tiles_without_a_cluster(a_layout, b_layout):
 def test_every_split_count(dtype, a_layout, b_layout):
     """Outputs with too few tiles to fill half the SMs split K (from K = 4096) over a thread-block
     cluster: 8 ways with one tile row (M = 100), 4 where pairs of blocks share B tiles (M = 129,
-    clusters of 2 x 4), with K tails in the last split. N = 200 stores the sums one element at a
+    clusters of 2 x 4), with K tails in the last split. N = 201 stores the sums one element at a
     time, N = 264 four at a time."""
     torch.manual_seed(0)
     for k in (4096, 4097, 4351, 5000):
         for m in (100, 129):
-            for n in (200, 264):
+            for n in (201, 264):
                 a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
                 assert_matches_reference(a, b, ALGORITHM)
 
