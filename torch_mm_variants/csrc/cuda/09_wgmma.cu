@@ -53,7 +53,7 @@ constexpr int BM = 128, BK = 64;
 [[maybe_unused]] constexpr int kGroupM = 16;  // tile rows per group of the grouped tile order
 constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
-constexpr int kConsumersBarrier = 1 + kConsumers;  // named barrier of both consumers (1, 2: each)
+[[maybe_unused]] constexpr int kConsumersBarrier = 1 + kConsumers;  // both consumers (1, 2: each)
 constexpr int kATile = BM * BK;                    // elements of A in one stage
 constexpr int kBox = kTmaBoxInner;                 // 128 bytes: the swizzle row
 [[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;  // a 64 x 64 box, 8 KB
