@@ -448,7 +448,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::cluster_sync();  // and read: no block may exit while others read its tile
   }
   // No block may exit while another block of its cluster can still write into its shared memory.
-  if constexpr (kCluster > 1) hopper::cluster_sync();
+  if constexpr (kCluster > 1) {
+    __syncwarp();  // the producer warp reconverges for the aligned barrier
+    hopper::cluster_sync();
+  }
 #endif
 }
 
@@ -510,10 +513,9 @@ template <class S, int kCluster, class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
   const int64_t groups = tile_count<S, kCluster>(g.M, g.N), k_steps = ceil_div(g.K, BK);
   if (2 * groups * kCluster > sms || k_steps < kMinStepsToSplit) return false;
-  auto* kernel = kernel_for<S, kCluster, G, Epi>();
-  allow_dynamic_smem(kernel, S::kSmemBytes);  // before the occupancy query, which counts on it
-  const int per_split = steps_per_split(kernel, kThreads, S::kSmemBytes, kCluster, groups, k_steps,
-                                        kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
+  const int per_split =
+      steps_per_split(kernel_for<S, kCluster, G, Epi>(), kThreads, S::kSmemBytes, kCluster,
+                      groups, k_steps, kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
   if (per_split >= k_steps) return false;
   launch<S, kCluster>(g, epi, per_split);
   return true;

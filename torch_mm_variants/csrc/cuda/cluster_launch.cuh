@@ -46,15 +46,20 @@ class ClusterLaunch {
   cudaLaunchConfig_t config_ = {};
 };
 
-// Clusters of `cluster`'s shape that fit on the GPU at once (0 when none does), asked once per
-// kernel, cluster shape and device. A cluster stays inside one GPC (about 16 SMs), so this can be
-// fewer than the resident blocks divided by the cluster's size.
+// Clusters of `cluster`'s shape that fit on the GPU at once (0 when none does, or when the GPU
+// takes no cluster that large), asked once per kernel, cluster shape and device. A cluster stays
+// inside one GPC (about 16 SMs), so this can be fewer than the resident blocks divided by the
+// cluster's size.
 template <typename... Params>
 int resident_clusters(void (*kernel)(Params...), dim3 cluster, int threads, int smem_bytes) {
+  allow_dynamic_smem(kernel, smem_bytes);  // the query counts on the launch's shared memory
   const auto query = [&] {
     const ClusterLaunch one_cluster(cluster, cluster, threads, smem_bytes);
     int clusters = 0;
-    C10_CUDA_CHECK(cudaOccupancyMaxActiveClusters(&clusters, kernel, &one_cluster.config()));
+    if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &one_cluster.config()) != cudaSuccess) {
+      (void)cudaGetLastError();  // a cluster shape this GPU cannot run: none fits
+      return 0;
+    }
     return clusters;
   };
   const int shape = static_cast<int>(cluster.x | cluster.y << 10 | cluster.z << 20);

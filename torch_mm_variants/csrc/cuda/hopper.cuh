@@ -69,7 +69,7 @@ __device__ __forceinline__ uint32_t cluster_cta_rank() {
 // shared memory), for the shared::cluster instructions below.
 __device__ __forceinline__ uint32_t cluster_smem_addr(const void* ptr, uint32_t cta) {
   uint32_t remote;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n"
+  asm("mapa.shared::cluster.u32 %0, %1, %2;\n"
                : "=r"(remote)
                : "r"(smem_addr(ptr)), "r"(cta));
   return remote;

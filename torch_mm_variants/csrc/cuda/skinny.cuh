@@ -1,7 +1,5 @@
 // What the two skinny rungs (10: mma.sync on any sm_80+, 11: TMA and wgmma on sm_90a) share:
 // the operands as they read them (x [M, K] and the nn.Linear weight w [N, K], both K-contiguous).
-// Also rung 10's pass that adds the float partial sums of a K split in a fixed order (rung 11
-// adds its splits inside a thread-block cluster).
 #pragma once
 
 #include "common.cuh"
@@ -55,29 +53,6 @@ Operands operands(const at::Tensor& a, const at::Tensor& b) {
   if (!(ops.w.stride(1) == 1 || K == 1)) ops.w = ops.w.contiguous();
   ops.ldw = N == 1 ? 0 : ops.w.stride(0);
   return ops;
-}
-
-// out = the sum of the `splits` partial products, added in split order.
-template <typename T>
-__global__ void sum_splits_kernel(const float* partial, T* out, int64_t count, int splits) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
-    out[i] = static_cast<T>(sum);
-  }
-}
-
-// Adds partial [splits, M, N] (float) into out [M, N] on the current stream: no atomics, so the
-// result is the same bits on every run.
-template <typename T>
-void sum_splits(const at::Tensor& partial, at::Tensor& out) {
-  const int64_t count = out.numel();
-  const int grid = static_cast<int>(std::min<int64_t>(ceil_div(count, 256), 4 * 1024));
-  sum_splits_kernel<T><<<grid, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      partial.data_ptr<float>(), static_cast<T*>(out.data_ptr()), count,
-      static_cast<int>(partial.size(0)));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 }  // namespace mm_variants::cuda::skinny
