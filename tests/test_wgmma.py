@@ -6,7 +6,10 @@ cannot address falling back to rung 8. Streams,
 graph capture and devices are covered for every CUDA rung in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
+import json
+import os
 import re
+import tempfile
 
 import pytest
 import torch
@@ -111,6 +114,34 @@ def test_every_split_count(dtype, a_layout, b_layout):
 # sharing B tiles in all but the last. K keeps contiguous rows 16-byte aligned (TMA's need; other
 # views run rung 8) and leaves a K tail of 8 in the last split.
 SPLIT_SHAPES = [(256, 4096, 4096), (136, 264, 4104), (100, 1000, 4104)]
+
+
+def kernel_grids(run, name_part):
+    """The launch grids (x, y, z) of the kernels whose names contain name_part that run() launches,
+    from the profiler's trace."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "trace.json")
+        profile.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return [tuple(e["args"]["grid"]) for e in events
+            if e.get("cat") == "kernel" and name_part in e.get("name", "")]
+
+
+@needs_sm90
+def test_split_k_takes_the_split_path():
+    """The split shapes really launch splits (a grid with gridDim.y > 1, at most 8 per cluster),
+    and a shape with many tiles does not."""
+    for m, n, k in SPLIT_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM), "wgmma_kernel")
+        assert len(grids) == 1 and 1 < grids[0][1] <= 8, f"{m}x{n}x{k}: grids {grids}"
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    assert kernel_grids(lambda: mmv.matmul(a, a, ALGORITHM), "wgmma_kernel")[0][1] == 1
 
 
 @needs_sm90
