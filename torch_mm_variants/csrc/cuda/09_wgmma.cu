@@ -84,12 +84,14 @@ using NarrowTile = TileShape<128, 6>;
 // consumers, the minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
 [[maybe_unused]] constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
-// K splits for outputs of few tiles: clusters of at most 8 blocks (the portable limit), each split
-// at least 4 K steps so that its ring fills before it drains.
-constexpr int kMaxClusterBlocks = 8, kMinStepsPerSplit = 4;
+// K splits for outputs of few tiles: clusters of at most 8 blocks (the portable limit).
+constexpr int kMaxClusterBlocks = 8;
 // Adding the splits costs a few microseconds per tile, which only a long K repays: on an H200 a
 // split lost a third of the speed at K = 512 and 1024 and gained up to a quarter at K >= 4096.
+// So every split has at least kMinStepsToSplit / kMaxClusterBlocks = 8 K steps, more than the
+// ring holds: its loads and its multiply-adds overlap as in an unsplit tile.
 constexpr int kMinStepsToSplit = 4096 / BK;
+constexpr int kMinStepsPerSplit = kMinStepsToSplit / kMaxClusterBlocks;
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
@@ -507,8 +509,8 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
 }
 
 // K split over clusters, when the output's kCluster-block groups of tile shape S fill at most
-// half the SMs: the most splits (up to a cluster of kMaxClusterBlocks, each split at least
-// kMinStepsPerSplit steps) whose clusters all fit at once. Returns whether it launched.
+// half the SMs and K is long (kMinStepsToSplit): the most splits (up to a cluster of
+// kMaxClusterBlocks) whose clusters all fit at once. Returns whether it launched.
 template <class S, int kCluster, class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
   const int64_t groups = tile_count<S, kCluster>(g.M, g.N), k_steps = ceil_div(g.K, BK);
