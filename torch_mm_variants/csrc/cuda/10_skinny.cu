@@ -322,8 +322,9 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
 
 template <typename T>
 void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  const skinny::Operands ops = skinny::operands<T>(a, b);
-  const auto& [x, ldx, w, ldw] = ops;
+  skinny::check_extents(a, b);
+  const auto [w, ldw] = skinny::weight(b);
+  const auto [x, ldx] = skinny::tokens<T>(a);
   const int64_t M = a.size(0);
   if (M <= 8) {
     launch_skinny<T, 1>(x, ldx, w, ldw, out);

@@ -222,16 +222,16 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename T, int TOKENS>
-void launch_skinny_tma(const skinny::Operands& ops, at::Tensor& out) {
+void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
   using R = Ring<TOKENS>;
   constexpr int kVec = 16 / sizeof(T);
-  const int64_t M = ops.x.size(0), K = ops.x.size(1), N = ops.w.size(0);
+  const int64_t M = x.data.size(0), K = x.data.size(1), N = w.data.size(0);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
   const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
-  const CUtensorMap w_map = tile_map(static_cast<const T*>(ops.w.data_ptr()), K, N,
-                                     N == 1 ? row_pitch : ops.ldw, kRows);
-  const CUtensorMap x_map = tile_map(static_cast<const T*>(ops.x.data_ptr()), K, M,
-                                     M == 1 ? row_pitch : ops.ldx, TOKENS);
+  const CUtensorMap w_map = tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
+                                     N == 1 ? row_pitch : w.ld, kRows);
+  const CUtensorMap x_map = tile_map(static_cast<const T*>(x.data.data_ptr()), K, M,
+                                     M == 1 ? row_pitch : x.ld, TOKENS);
 
   auto* kernel = skinny_tma_kernel<T, TOKENS>;
   allow_dynamic_smem(kernel, R::kSmemBytes);
@@ -249,19 +249,21 @@ void launch_skinny_tma(const skinny::Operands& ops, at::Tensor& out) {
 void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   dispatch_16bit(a.scalar_type(), [&](auto dtype) {
     using T = decltype(dtype);
-    const skinny::Operands ops = skinny::operands<T>(a, b);
-    if (!skinny::rows_aligned<T>(ops.w.data_ptr(), ops.ldw)) {  // TMA cannot address w
+    skinny::check_extents(a, b);
+    const skinny::Rows w = skinny::weight(b);
+    if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) {  // TMA cannot address w
       return find_algorithm(a.device(), "skinny").run(a, b, out);
     }
+    const skinny::Rows x = skinny::tokens<T>(a);
     const int64_t M = a.size(0);
     if (M <= 8) {
-      launch_skinny_tma<T, 8>(ops, out);
+      launch_skinny_tma<T, 8>(x, w, out);
     } else if (M <= 16) {
-      launch_skinny_tma<T, 16>(ops, out);
+      launch_skinny_tma<T, 16>(x, w, out);
     } else if (M <= 32) {
-      launch_skinny_tma<T, 32>(ops, out);
+      launch_skinny_tma<T, 32>(x, w, out);
     } else {
-      launch_skinny_tma<T, 64>(ops, out);
+      launch_skinny_tma<T, 64>(x, w, out);
     }
   });
 }

@@ -26,33 +26,40 @@ bool rows_aligned(const void* ptr, int64_t ld) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
 }
 
-// x[m][k] at x + m * ldx, w[n][k] at w + n * ldw. A single row has leading dimension 0.
-struct Operands {
-  at::Tensor x;
-  int64_t ldx;
-  at::Tensor w;
-  int64_t ldw;
+// An operand as the rungs read it: row r, element k at data + r * ld + k. A single row has
+// leading dimension 0.
+struct Rows {
+  at::Tensor data;
+  int64_t ld;
 };
 
+// w = b.t(), [N, K], K-contiguous: the nn.Linear weight read in place. Other layouts of b are
+// copied into it first.
+inline Rows weight(const at::Tensor& b) {
+  const int64_t N = b.size(1), K = b.size(0);
+  at::Tensor w = b.t();
+  if (!(w.stride(1) == 1 || K == 1)) w = w.contiguous();
+  return {w, N == 1 ? 0 : w.stride(0)};
+}
+
 // x = a with K-contiguous, 16-byte aligned rows; otherwise a copy with padded rows, which costs
-// little next to the weight. w = b.t(), [N, K], K-contiguous: the nn.Linear weight read in place.
-// Other layouts of b are copied into it first.
+// little next to the weight.
 template <typename T>
-Operands operands(const at::Tensor& a, const at::Tensor& b) {
+Rows tokens(const at::Tensor& a) {
   constexpr int kVec = 16 / sizeof(T);
+  const int64_t M = a.size(0), K = a.size(1);
+  const int64_t ld = M == 1 ? 0 : a.stride(0);
+  if ((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ld)) return {a, ld};
+  const int64_t padded = (K + kVec - 1) / kVec * kVec;
+  at::Tensor x = at::empty({M, padded}, a.options()).narrow(1, 0, K);
+  x.copy_(a);
+  return {x, padded};
+}
+
+inline void check_extents(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "mm_variants::matmul: skinny takes N and K below 2^31,"
               " got ", M, "x", K, " and ", K, "x", N);
-  Operands ops{a, M == 1 ? 0 : a.stride(0), b.t(), 0};
-  if (!((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ops.ldx))) {
-    const int64_t padded = (K + kVec - 1) / kVec * kVec;
-    ops.x = at::empty({M, padded}, a.options()).narrow(1, 0, K);
-    ops.x.copy_(a);
-    ops.ldx = padded;
-  }
-  if (!(ops.w.stride(1) == 1 || K == 1)) ops.w = ops.w.contiguous();
-  ops.ldw = N == 1 ? 0 : ops.w.stride(0);
-  return ops;
 }
 
 }  // namespace mm_variants::cuda::skinny
