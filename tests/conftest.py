@@ -131,6 +131,27 @@ def kernel_sass(name_part: str) -> list[tuple[str, str]]:
     return kernels
 
 
+def on_side_stream(work):
+    """Returns work(), run on a new stream ordered after everything queued on the current one,
+    which in turn waits for it."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        result = work()
+    torch.cuda.current_stream().wait_stream(side)
+    return result
+
+
+def capture_graph(work):
+    """(graph, work()'s result) with work() captured into the CUDA graph rather than run. Kernels
+    that load modules or opt into shared memory on first use need a warm-up call first (e.g.
+    on_side_stream(work)), since a capture forbids those."""
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        result = work()
+    return graph, result
+
+
 @pytest.fixture(autouse=True)
 def poison_outputs():
     """Every output starts as NaN, so an element a kernel does not write fails the test."""

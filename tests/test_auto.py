@@ -9,7 +9,7 @@ import torch
 
 import torch_mm_variants as mmv
 from torch_mm_variants import tuning
-from conftest import assert_matches_reference, gpu_available
+from conftest import assert_matches_reference, capture_graph, gpu_available
 
 
 @pytest.fixture
@@ -97,12 +97,7 @@ def test_measured_mode_on_gpu_and_not_during_graph_capture(measured_mode):
     d = torch.randn(80, 72, device="cuda", dtype=torch.bfloat16)
     mmv.matmul(c, d)  # warm-up outside the capture (this measures), then forget the choice
     tuning.clear()
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
-        out = mmv.matmul(c, d)
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, out = capture_graph(lambda: mmv.matmul(c, d))
     graph.replay()
     torch.cuda.synchronize()
     assert tuning.tuned_entries() == {}  # nothing measured inside the capture

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE, gpu_available,
-                      relative_error)
+from conftest import (DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE, capture_graph, gpu_available,
+                      on_side_stream, relative_error)
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and a CUDA build")
 
@@ -108,14 +108,13 @@ def test_side_stream(algorithm):
         a = torch.randn(48, 200, device="cuda").to(dtype)
         b = torch.randn(200, 300, device="cuda").to(dtype)
         new_a = torch.randn_like(a)
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
+
+        def held_back_matmul():
             torch.cuda._sleep(50_000_000)  # tens of milliseconds
             a.copy_(new_a)
-            out = mmv.matmul(a, b, algorithm)
-        torch.cuda.current_stream().wait_stream(side)
-        check(out, new_a, b, tolerance)
+            return mmv.matmul(a, b, algorithm)
+
+        check(on_side_stream(held_back_matmul), new_a, b, tolerance)
 
 
 @pytest.mark.parametrize("algorithm,dtype", cuda_algorithm_dtypes())
@@ -125,16 +124,10 @@ def test_cuda_graph_capture_and_replay(algorithm, dtype):
     with runnable(algorithm, dtype) as tolerance:
         a = torch.randn(60, 67, device="cuda").to(dtype)
         b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the capture (module load, opt-ins)
-            accepted = matmul_if_accepted(a, b, algorithm) is not None
-        torch.cuda.current_stream().wait_stream(side)
-        if not accepted:
+        # Warm-up outside the capture (module load, opt-ins).
+        if on_side_stream(lambda: matmul_if_accepted(a, b, algorithm)) is None:
             pytest.skip(f"{algorithm} does not take these inputs")
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = mmv.matmul(a, b, algorithm)
+        graph, out = capture_graph(lambda: mmv.matmul(a, b, algorithm))
         for _ in range(2):
             a.copy_(torch.randn_like(a, dtype=torch.float32))
             b.copy_(torch.randn_like(b, dtype=torch.float32))

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import assert_matches_reference, gpu_available, kernel_sass, random_matrix
+from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
+                      random_matrix)
 
 pytestmark = pytest.mark.skipif(
     not gpu_available() or "skinny" not in mmv.algorithms("cuda"),
@@ -107,15 +108,12 @@ def test_cuda_graph_capture(algorithm):
     a = random_matrix(8, 4096, torch.bfloat16, "cuda")
     b_split = weight_view(256, 4096, torch.bfloat16)  # few blocks: K split, a second pass
     b_whole = weight_view(20000, 4096, torch.bfloat16)
-    expected = [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):  # warm up outside the capture
-        [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outs = [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
+
+    def run_both():
+        return [mmv.matmul(a, b, algorithm) for b in (b_split, b_whole)]
+
+    expected = run_both()  # also the warm-up outside the capture
+    graph, outs = capture_graph(run_both)
     a.copy_(random_matrix(8, 4096, torch.bfloat16, "cuda"))
     graph.replay()
     torch.cuda.synchronize()

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import assert_matches_reference, gpu_available, kernel_sass
+from conftest import assert_matches_reference, capture_graph, gpu_available, kernel_sass
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -171,13 +171,7 @@ def test_split_k_is_deterministic_and_graph_capturable():
     expected = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
     for (a, b), first in zip(inputs, expected):
         assert torch.equal(mmv.matmul(a, b, ALGORITHM), first)
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        with torch.cuda.graph(graph):
-            captured = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
-    torch.cuda.current_stream().wait_stream(stream)
+    graph, captured = capture_graph(lambda: [mmv.matmul(a, b, ALGORITHM) for a, b in inputs])
     for out in captured:
         out.fill_(float("nan"))
     graph.replay()
