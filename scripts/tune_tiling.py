@@ -12,6 +12,7 @@ configuration is the rung's default.
     python3 scripts/tune_tiling.py --rung tensor_core --dtype bfloat16 --sizes 4096,8192
     python3 scripts/tune_tiling.py --rung tensor_core --dtype float32  # TF32 on
     python3 scripts/tune_tiling.py ... --build-only                     # no GPU work
+    python3 scripts/tune_tiling.py --rung tensor_core --candidates "128,256,128,64,64,3,1;..."
 """
 from __future__ import annotations
 
@@ -129,12 +130,16 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--build-only", action="store_true",
                         help="build the candidates and stop (no GPU work: can overlap other runs)")
+    parser.add_argument("--candidates", default=None,
+                        help="';'-separated configurations (the macro's fields, comma-separated) "
+                             "instead of the rung's list")
     parser.add_argument("--build-dir", default=os.path.join(tempfile.gettempdir(),
                                                             "mm_variants_tune_tiling"))
     return parser.parse_args()
 
 
-def time_candidates(rung_name: str, dtype: torch.dtype, n: int, build_dir: str) -> None:
+def time_candidates(rung_name: str, candidates, dtype: torch.dtype, n: int,
+                    build_dir: str) -> None:
     from triton.testing import do_bench
 
     rung = RUNGS[rung_name]
@@ -149,7 +154,7 @@ def time_candidates(rung_name: str, dtype: torch.dtype, n: int, build_dir: str) 
         return do_bench(lambda: fn(a, b), warmup=100, rep=500, return_mode="median")
 
     rows = []
-    for config in rung.candidates:
+    for config in candidates:
         module = build(rung_name, config, build_dir)
         err = ((module.run(a, b).double() - ref).norm() / ref.norm()).item()
         mm_ms = bench(torch.mm)  # beside each candidate: heating affects both alike
@@ -172,12 +177,15 @@ def time_candidates(rung_name: str, dtype: torch.dtype, n: int, build_dir: str) 
 def main() -> None:
     args = parse_args()
     rung = RUNGS[args.rung]
+    candidates = rung.candidates
+    if args.candidates:
+        candidates = tuple(tuple(int(x) for x in c.split(",")) for c in args.candidates.split(";"))
     major, minor = torch.cuda.get_device_capability()
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}" + ("a" if major == 9 else ""))
     os.environ.setdefault("MAX_JOBS", "2")
-    count = len(rung.candidates)
+    count = len(candidates)
     with ProcessPoolExecutor(min(args.jobs, count), mp_context=get_context("spawn")) as pool:
-        for done in pool.map(build_only, [args.rung] * count, rung.candidates,
+        for done in pool.map(build_only, [args.rung] * count, candidates,
                              [args.build_dir] * count):
             print(f"built {done}", flush=True)
     if args.build_only:
@@ -185,7 +193,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype or ("bfloat16" if rung.tf32 else "float32"))
     torch.backends.cuda.matmul.allow_tf32 = rung.tf32
     for n in map(int, args.sizes.split(",")):
-        time_candidates(args.rung, dtype, n, args.build_dir)
+        time_candidates(args.rung, candidates, dtype, n, args.build_dir)
 
 
 if __name__ == "__main__":
