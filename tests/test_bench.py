@@ -4,6 +4,8 @@ from __future__ import annotations
 import csv
 import json
 
+import pytest
+
 import torch_mm_variants as mmv
 from torch_mm_variants import bench
 
@@ -35,3 +37,27 @@ def test_bench_csv_and_algorithm_subset(tmp_path):
 def test_parse_size():
     assert bench.parse_size("64") == (64, 64, 64)
     assert bench.parse_size("1x4096x14336") == (1, 4096, 14336)
+
+
+def test_bench_rounds_summarize_the_spread(tmp_path, capsys):
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--sizes", "24", "--algorithms", "naive,parallel",
+                       "--repeat", "3", "--rounds", "2", "--output", str(out)]) == 0
+    rows = json.loads(out.read_text())
+    assert sorted((r["algorithm"], r["round"]) for r in rows) == [
+        ("naive", 1), ("naive", 2), ("parallel", 1), ("parallel", 2), ("torch.mm", 1),
+        ("torch.mm", 2)]
+    printed = capsys.readouterr().out
+    assert "round 2 of 2" in printed and "## Across 2 rounds" in printed
+    spread = printed.split("## Across 2 rounds")[1]
+    for name in ("naive", "parallel"):
+        row = next(line for line in spread.splitlines() if f"| {name} |" in line)
+        low, high = (float(x) for x in row.split("|")[5].strip().rstrip("%").split("-"))
+        pcts = [r["pct_of_torch_mm"] for r in rows if r["algorithm"] == name]
+        assert (low, high) == (round(min(pcts), 1), round(max(pcts), 1))
+        assert row.split("|")[3].strip() == "2"
+
+
+def test_bench_rounds_must_be_positive():
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--rounds", "0"])

@@ -3,13 +3,16 @@
     python -m torch_mm_variants.bench                       # GPU 4096^3 float32, else CPU 1024^3
     python -m torch_mm_variants.bench --device cpu --sizes 1024,2048 --output cpu.json
     python -m torch_mm_variants.bench --dtype bfloat16 --sizes 4096x14336x4096 --algorithms auto
+    python -m torch_mm_variants.bench --dtype bfloat16 --algorithms wgmma --rounds 3  # spread
 
 For each size, each algorithm's result is first compared with a float64 reference, then timed
 (median after warm-up: device events through triton.testing.do_bench on the GPU, perf_counter on
 the CPU). torch.mm is timed right beside every algorithm, in the same process, and each
 algorithm's "% of torch.mm" is against that neighbouring measurement, so clock drift and heating
 affect both alike. Inputs are random, and several input sets are cycled when one set would fit in
-the GPU's L2 cache.
+the GPU's L2 cache. With --rounds R the whole measurement runs R times over and a last table gives
+each algorithm's median and range of "% of torch.mm" across the rounds: the run-to-run spread
+that a single figure hides.
 """
 from __future__ import annotations
 
@@ -48,6 +51,7 @@ class Row:
     pct_of_torch_mm: float
     rel_error: float
     ok: bool
+    round: int = 1
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -182,6 +186,20 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def format_spread(rows: list[Row]) -> str:
+    """Per size and algorithm: the median and the range of % of torch.mm over the rounds."""
+    runs: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r.ok and r.algorithm != BASELINE:
+            runs.setdefault((r.m, r.n, r.k, r.algorithm), []).append(r.pct_of_torch_mm)
+    lines = ["| M x N x K | algorithm | rounds | median % of torch.mm | range |",
+             "| --- | --- | ---: | ---: | ---: |"]
+    for (m, n, k, name), pcts in runs.items():
+        lines.append(f"| {m}x{n}x{k} | {name} | {len(pcts)} | {statistics.median(pcts):.1f}% "
+                     f"| {min(pcts):.1f}-{max(pcts):.1f}% |")
+    return "\n".join(lines)
+
+
 def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
@@ -215,8 +233,13 @@ def parse_args(argv=None):
                    help="allow TF32 for float32 (torch.mm and the tensor-core rungs alike)")
     p.add_argument("--weight-layout", action="store_true",
                    help="b is w.t() for an nn.Linear weight w [N, K] instead of a row-major [K, N]")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="run every measurement this many times and summarize the spread")
     p.add_argument("--output", default=None, help="write the rows to this .json or .csv file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.rounds < 1:
+        p.error("--rounds must be at least 1")
+    return args
 
 
 def main(argv=None) -> int:
@@ -243,13 +266,20 @@ def main(argv=None) -> int:
     all_rows = []
     print(f"# torch_mm_variants benchmark on {device_name(device)}, torch {torch.__version__}, "
           f"{args.dtype}{' (TF32 allowed)' if args.tf32 else ''}")
-    for m, n, k in sizes:
-        rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32,
-                          args.weight_layout)
-        b_form = f"b = w.t(), w [{n}, {k}]" if args.weight_layout else f"b [{k}, {n}]"
-        print(f"\n## {m}x{n}x{k} (M x N x K, {b_form})\n")
-        print(format_table(rows), flush=True)
-        all_rows += rows
+    for round_ in range(1, args.rounds + 1):
+        for m, n, k in sizes:
+            rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32,
+                              args.weight_layout)
+            for r in rows:
+                r.round = round_
+            b_form = f"b = w.t(), w [{n}, {k}]" if args.weight_layout else f"b [{k}, {n}]"
+            of_rounds = f", round {round_} of {args.rounds}" if args.rounds > 1 else ""
+            print(f"\n## {m}x{n}x{k} (M x N x K, {b_form}{of_rounds})\n")
+            print(format_table(rows), flush=True)
+            all_rows += rows
+    if args.rounds > 1:
+        print(f"\n## Across {args.rounds} rounds\n")
+        print(format_spread(all_rows), flush=True)
     if args.output:
         write_rows(all_rows, args.output)
         print(f"\nwrote {len(all_rows)} rows to {args.output}")
