@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The whole proof on a GPU machine, in one command: build with CUDA, run the test suite, the
 # compute-sanitizer checks and the benchmark tables (fp32 with TF32 off, fp32 with TF32 on,
-# fp16, bf16). Logs and JSON rows go to ${OUT:-gpu_report}/.
+# fp16, bf16). Logs and JSON rows go to ${OUT:-gpu_report}/. ROUNDS=3 measures every table three
+# times over and adds the spread of each algorithm's % of torch.mm (bench --rounds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-gpu_report}
 SIZES=${SIZES:-4096,8192}
+ROUNDS=${ROUNDS:-1}
 mkdir -p "$OUT"
 status=0
 step() { echo "== $*" >&2; }
@@ -33,7 +35,8 @@ step benchmark
 HOPPER=$(python3 -c "import torch_mm_variants as m; print(',wgmma' if 'wgmma' in m.algorithms('cuda') else '')")
 bench() {  # bench NAME ARGS...
   local name=$1; shift
-  python3 -m torch_mm_variants.bench --sizes "$SIZES" --output "$OUT/bench_$name.json" "$@" \
+  python3 -m torch_mm_variants.bench --sizes "$SIZES" --rounds "$ROUNDS" \
+    --output "$OUT/bench_$name.json" "$@" \
     2>/dev/null | tee "$OUT/bench_$name.md" || status=1
 }
 bench fp32 --dtype float32
