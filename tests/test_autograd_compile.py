@@ -50,6 +50,20 @@ def test_opcheck(device):
         torch.library.opcheck(torch.ops.mm_variants.matmul.default, (a, b.t().contiguous().t()))
 
 
+def test_gradients_are_registered_in_cpp():
+    """The ops' Autograd kernels are C++ (csrc/autograd.cpp), so a call that needs no gradient
+    reaches its device kernel without entering Python; one that does records a node."""
+    for op in ("matmul", "linear", "bmm"):
+        dump = torch._C._dispatch_dump(f"mm_variants::{op}")
+        autograd = [line for line in dump.splitlines() if line.startswith("Autograd")]
+        assert len(autograd) == 1 and "autograd.cpp" in autograd[0], dump
+    a = torch.randn(3, 3, requires_grad=True)
+    assert mmv.matmul(a, a).grad_fn is not None
+    assert mmv.matmul(a.detach(), a.detach()).grad_fn is None
+    with torch.no_grad():
+        assert mmv.matmul(a, a).grad_fn is None
+
+
 def test_fake_kernel_checks_shapes():
     from torch._subclasses.fake_tensor import FakeTensorMode
     with FakeTensorMode():
