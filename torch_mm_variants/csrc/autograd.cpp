@@ -83,25 +83,43 @@ at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre,
   return grad;
 }
 
+// The two products, matmul and bmm: (a, b, algorithm) -> a @ b.
+using Product = at::Tensor (*)(const at::Tensor&, const at::Tensor&, c10::string_view);
+
+// A product's forward: the product below autograd, with each operand saved only where the other
+// one's gradient needs it.
+at::Tensor product_forward(AutogradContext* ctx, Product product, const at::Tensor& a,
+                           const at::Tensor& b, const std::string& algorithm) {
+  ctx->saved_data["algorithm"] = algorithm;
+  ctx->save_for_backward({b.requires_grad() ? a : at::Tensor(),
+                          a.requires_grad() ? b : at::Tensor()});
+  const at::AutoDispatchBelowADInplaceOrView below_autograd;
+  return product(a, b, algorithm);
+}
+
+// What a product's node saved.
+struct SavedProduct {
+  at::Tensor a, b;
+  std::string algorithm;
+};
+
+SavedProduct saved_product(AutogradContext* ctx) {
+  const variable_list saved = ctx->get_saved_variables();
+  return {saved[0], saved[1], ctx->saved_data["algorithm"].toStringRef()};
+}
+
 // d(a @ b)/da = grad @ b^T and d/db = a^T @ grad, through the same op and algorithm.
 struct MatmulFunction : torch::autograd::Function<MatmulFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
                             const std::string& algorithm) {
-    ctx->saved_data["algorithm"] = algorithm;
-    // Each input is needed only for the other one's gradient.
-    ctx->save_for_backward({b.requires_grad() ? a : at::Tensor(),
-                            a.requires_grad() ? b : at::Tensor()});
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return matmul_op(a, b, algorithm);
+    return product_forward(ctx, matmul_op, a, b, algorithm);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &a = saved[0], &b = saved[1], &grad = grads[0];
-    const std::string algorithm = ctx->saved_data["algorithm"].toStringRef();
+    const auto [a, b, algorithm] = saved_product(ctx);
     at::Tensor grad_a, grad_b;
-    if (ctx->needs_input_grad(0)) grad_a = matmul_op(grad, b.t(), algorithm);
-    if (ctx->needs_input_grad(1)) grad_b = matmul_op(a.t(), grad, algorithm);
+    if (ctx->needs_input_grad(0)) grad_a = matmul_op(grads[0], b.t(), algorithm);
+    if (ctx->needs_input_grad(1)) grad_b = matmul_op(a.t(), grads[0], algorithm);
     return {grad_a, grad_b, at::Tensor()};
   }
 };
@@ -134,7 +152,9 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       grad_rows = activation_grad(grad_rows, as_rows(pre), activation);
     }
     at::Tensor grad_x, grad_weight, grad_bias;
-    if (ctx->needs_input_grad(0)) grad_x = matmul_op(grad_rows, weight, algorithm).reshape(x.sizes());
+    if (ctx->needs_input_grad(0)) {
+      grad_x = matmul_op(grad_rows, weight, algorithm).reshape(x.sizes());
+    }
     if (ctx->needs_input_grad(1)) grad_weight = matmul_op(grad_rows.t(), rows, algorithm);
     if (bias.defined() && ctx->needs_input_grad(2)) grad_bias = grad_rows.sum(0);
     return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
@@ -144,17 +164,12 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
 struct BmmFunction : torch::autograd::Function<BmmFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
                             const std::string& algorithm) {
-    ctx->saved_data["algorithm"] = algorithm;
-    ctx->save_for_backward({b.requires_grad() ? a : at::Tensor(),
-                            a.requires_grad() ? b : at::Tensor()});
-    const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return bmm_op(a, b, algorithm);
+    return product_forward(ctx, bmm_op, a, b, algorithm);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &a = saved[0], &b = saved[1], &grad = grads[0];
-    const std::string algorithm = ctx->saved_data["algorithm"].toStringRef();
+    const auto [a, b, algorithm] = saved_product(ctx);
+    const at::Tensor& grad = grads[0];
     at::Tensor grad_a, grad_b;
     if (ctx->needs_input_grad(0)) {  // grad @ b^T, per entry (b^T shared when b is)
       grad_a = bmm_op(grad, b.transpose(-1, -2), algorithm);
@@ -169,10 +184,18 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
   }
 };
 
-at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  if (records_gradient({a, b})) return MatmulFunction::apply(a, b, std::string(algorithm));
+// A product's Autograd kernel: a node of Function when a gradient is to be recorded, else the
+// product below autograd.
+template <class Function>
+at::Tensor product_autograd(Product product, const at::Tensor& a, const at::Tensor& b,
+                            c10::string_view algorithm) {
+  if (records_gradient({a, b})) return Function::apply(a, b, std::string(algorithm));
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return matmul_op(a, b, algorithm);
+  return product(a, b, algorithm);
+}
+
+at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+  return product_autograd<MatmulFunction>(matmul_op, a, b, algorithm);
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
@@ -186,9 +209,7 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
 }
 
 at::Tensor bmm_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  if (records_gradient({a, b})) return BmmFunction::apply(a, b, std::string(algorithm));
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return bmm_op(a, b, algorithm);
+  return product_autograd<BmmFunction>(bmm_op, a, b, algorithm);
 }
 
 }  // namespace
