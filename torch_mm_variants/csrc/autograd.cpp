@@ -7,6 +7,8 @@
 // torch::autograd::Function node. The backward formulas call the ops themselves, so they run on
 // the same algorithm, read transposed views in place, and are differentiable again (double
 // backward). torch.compile traces them like any other op's; the fake kernels stay in ops.py.
+#include "epilogue.h"
+
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
@@ -62,25 +64,28 @@ bool records_gradient(std::initializer_list<at::Tensor> inputs) {
 at::Tensor as_rows(const at::Tensor& t) { return t.dim() > 1 ? t.flatten(0, -2) : t.unsqueeze(0); }
 
 // grad * activation'(pre), in differentiable ATen ops (double backward works).
-at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre,
-                           const std::string& activation) {
-  if (activation == "relu") return grad * (pre > 0).to(grad.scalar_type());
-  if (activation == "silu") {
-    const at::Tensor s = at::sigmoid(pre);
-    return grad * s * (1 + pre * (1 - s));
+at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activation activation) {
+  switch (activation) {
+    case Activation::kRelu:
+      return grad * (pre > 0).to(grad.scalar_type());
+    case Activation::kSilu: {
+      const at::Tensor s = at::sigmoid(pre);
+      return grad * s * (1 + pre * (1 - s));
+    }
+    case Activation::kGelu: {
+      const at::Tensor cdf = 0.5 * (1 + at::erf(pre * 0.7071067811865476));
+      const at::Tensor pdf = at::exp(-0.5 * pre * pre) * 0.3989422804014327;
+      return grad * (cdf + pre * pdf);
+    }
+    case Activation::kGeluTanh: {
+      const at::Tensor inner = 0.7978845608028654 * (pre + 0.044715 * pre.pow(3));
+      const at::Tensor t = at::tanh(inner);
+      const at::Tensor d_inner = 0.7978845608028654 * (1 + 3 * 0.044715 * pre * pre);
+      return grad * (0.5 * (1 + t) + 0.5 * pre * (1 - t * t) * d_inner);
+    }
+    default:
+      return grad;
   }
-  if (activation == "gelu") {
-    const at::Tensor cdf = 0.5 * (1 + at::erf(pre * 0.7071067811865476));
-    const at::Tensor pdf = at::exp(-0.5 * pre * pre) * 0.3989422804014327;
-    return grad * (cdf + pre * pdf);
-  }
-  if (activation == "gelu_tanh") {
-    const at::Tensor inner = 0.7978845608028654 * (pre + 0.044715 * pre.pow(3));
-    const at::Tensor t = at::tanh(inner);
-    const at::Tensor d_inner = 0.7978845608028654 * (1 + 3 * 0.044715 * pre * pre);
-    return grad * (0.5 * (1 + t) + 0.5 * pre * (1 - t * t) * d_inner);
-  }
-  return grad;
 }
 
 // The two products, matmul and bmm: (a, b, algorithm) -> a @ b.
@@ -141,11 +146,11 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const variable_list saved = ctx->get_saved_variables();
     const at::Tensor &x = saved[0], &weight = saved[1], &bias = saved[2];
-    const std::string activation = ctx->saved_data["activation"].toStringRef();
+    const Activation activation = parse_activation(ctx->saved_data["activation"].toStringRef());
     const std::string algorithm = ctx->saved_data["algorithm"].toStringRef();
     const at::Tensor rows = as_rows(x);
     at::Tensor grad_rows = as_rows(grads[0]);
-    if (activation != "none") {
+    if (activation != Activation::kNone) {
       const at::Tensor pre = linear_op(
           x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, "none",
           algorithm);
