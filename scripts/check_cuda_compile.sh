@@ -28,3 +28,6 @@ compile() {
 export -f compile
 export NVCC TORCH_DIR PY_INCLUDE OUT_DIR SHIM
 find torch_mm_variants/csrc -name '*.cu' | sort | xargs -P "$(nproc)" -I{} bash -c 'compile {}'
+# The stand-alone microbenchmark beside the package (no torch).
+"$NVCC" -O3 -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a \
+  -o "$OUT_DIR/mma_sync_ceiling" scripts/mma_sync_ceiling.cu && echo "compiled scripts/mma_sync_ceiling.cu"
