@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiles every CUDA source for the default architectures without linking, against the installed
-# torch's headers. Lets a machine with nvcc but a CPU-only torch (CI) catch CUDA compile errors.
+# torch's headers, then builds the stand-alone scripts/mma_sync_ceiling.cu. Lets a machine with
+# nvcc but a CPU-only torch (CI) catch CUDA compile errors.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
