@@ -14,25 +14,14 @@
 #include <cstdint>
 #include <cstdio>
 
+#include "../torch_mm_variants/csrc/cuda/mma.cuh"  // rung 8's own wrappers: no torch needed
+
 namespace {
+
+using namespace mm_variants::cuda;
 
 constexpr int kIterations = 2000;
 constexpr double kFlopsPerMma = 2.0 * 16 * 8 * 16;
-
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4],
-                                         const uint32_t (&b)[2]) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t address) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
 
 // A random bf16 in [-1, 1) for index i: the tensor cores' power, and so the clock they run at,
 // depends on the bits they multiply, so the operands look like those of a real product.
@@ -74,25 +63,27 @@ __global__ void registers_only(float* sink, int iterations) {
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) mma_bf16(acc[i][j], a[i], b[j]);
+      for (int j = 0; j < NT; ++j) mma::mma_m16n8k16_bf16(acc[i][j], a[i], b[j]);
   }
   keep(acc, sink);
 }
 
-// Rung 8's main loop without its copies: 8 warps as 2 x 4 over a 128 x 256 stage of 64 k (rows
-// padded to 72 elements), fragments of the next k step loaded by ldmatrix while the current one
-// multiplies, and, when `barrier` is set, one __syncthreads per stage before its last k step.
-constexpr int kPitch = 72, kStageElems = (128 + 256) * kPitch;
+// Rung 8's main loop without its copies: 8 warps as 2 x 4 over a 128 x 256 stage of 64 k (rows of
+// 128 bytes, their chunks swizzled as rung 8's), fragments of the next k step loaded by ldmatrix
+// while the current one multiplies, and, when `barrier` is set, one __syncthreads per stage
+// before its last k step.
+constexpr int kRow = 64, kStageElems = (128 + 256) * kRow;
 
 __global__ void __launch_bounds__(256, 1) from_shared(float* sink, int iterations, bool barrier) {
   extern __shared__ uint16_t stage[];
   for (int i = threadIdx.x; i < kStageElems; i += blockDim.x) stage[i] = random_bf16(blockIdx.x * kStageElems + i);
   __syncthreads();
-  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(stage));
+  const uint32_t base = mma::smem_addr(stage);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, j = lane / 8, r = lane % 8;
   const int warp_m = warp % 2 * 64, warp_n = warp / 2 * 64;
-  const uint32_t a_lane = base + ((warp_m + j % 2 * 8 + r) * kPitch + j / 2 * 8) * 2;
-  const uint32_t b_lane = base + ((128 + warp_n + j / 2 * 8 + r) * kPitch + j % 2 * 8) * 2;
+  // Rows are r modulo 8, so every load of a lane XORs its chunk with r (mma::Swizzle<true>).
+  const uint32_t a_lane = base + (warp_m + j % 2 * 8 + r) * kRow * 2, a_col = (j / 2 ^ r) * 8;
+  const uint32_t b_lane = base + (128 + warp_n + j / 2 * 8 + r) * kRow * 2, b_col = (j % 2 ^ r) * 8;
   float acc[4][8][4] = {};
   uint32_t a[2][4][4], b[2][8][2];
   for (int it = 0; it < iterations; ++it) {
@@ -101,17 +92,17 @@ __global__ void __launch_bounds__(256, 1) from_shared(float* sink, int iteration
       if (barrier && ks == 3) __syncthreads();
       const int next = (ks + 1) % 2, kk = (ks + 1) % 4 * 16;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) ldmatrix_x4(a[next][mi], a_lane + (mi * 16 * kPitch + kk) * 2);
+      for (int mi = 0; mi < 4; ++mi) mma::ldmatrix_x4(a[next][mi], a_lane + (mi * 16 * kRow + (a_col ^ kk)) * 2);
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t x[4];
-        ldmatrix_x4(x, b_lane + (np * 16 * kPitch + kk) * 2);
+        mma::ldmatrix_x4(x, b_lane + (np * 16 * kRow + (b_col ^ kk)) * 2);
         for (int q = 0; q < 4; ++q) b[next][2 * np + q / 2][q % 2] = x[q];
       }
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni) mma_bf16(acc[mi][ni], a[ks % 2][mi], b[ks % 2][ni]);
+        for (int ni = 0; ni < 8; ++ni) mma::mma_m16n8k16_bf16(acc[mi][ni], a[ks % 2][mi], b[ks % 2][ni]);
     }
   }
   keep(acc, sink);

@@ -12,10 +12,12 @@
 // - cp.async: a kStages-deep ring of shared-memory tiles is filled while the tensor cores work on
 //   an older stage, without staging through registers; each thread's copy addresses are computed
 //   once, its zero-fill form predicates the M, N and K edges (tiles wholly inside the matrix copy
-//   without predicates), and the copies are issued between MMAs. Rows are padded (mma.cuh) so
-//   neither the copies nor the fragment loads conflict. ldmatrix addresses are one base per
-//   stage plus constants folded into the instructions: the warps that feed the tensor cores
-//   spend their issue slots on little else.
+//   without predicates), and the copies are issued between MMAs. Each row's 16-byte chunks are
+//   swizzled (mma.cuh): the copies write whole 128-byte lines and the fragment loads hit 32
+//   distinct banks, so shared memory, which both share with ldmatrix, does no wasted cycles. A
+//   fragment load's address is a per-lane base, one XOR with a constant and a constant offset
+//   folded into the instruction: the warps that feed the tensor cores spend their issue slots on
+//   little else.
 // - Epilogue: each warp stages 16 rows of its tile in shared memory and writes them with 16-byte
 //   stores in the input dtype. Thread blocks walk C in groups of kGroupM tile rows so that blocks
 //   resident at the same time share their A and B panels in L2.
@@ -26,7 +28,7 @@
 //
 // Tile parameters (TensorCoreTiling): BM x BN block tile, BK_BYTES of K per stage (64 fp16/bf16
 // or 32 float elements for 128 bytes), WM x WN warp tile, kStages pipeline depth; LargeTiling
-// where the GPU gives a block 166 KB of shared memory, SmallTiling (half the K depth) elsewhere.
+// where the GPU gives a block 144 KB of shared memory, SmallTiling (one stage less) elsewhere.
 // LargeTiling won the sweep of `scripts/tune_tiling.py --rung tensor_core` (H200; bf16, fp16 and
 // TF32 at 4096^3 and 8192^3) against 2-block, 16-warp, 256 x 128 and 4-stage candidates.
 //
@@ -59,14 +61,15 @@ struct TensorCoreTiling {
   static constexpr int kStages = STAGES_, kMinBlocks = MIN_BLOCKS_;
 };
 
-// 8 warps of 64 x 64 over a 128 x 256 tile, three stages: 166 KB for LargeTiling (A100, H100),
-// 92 KB for SmallTiling (GPUs with 99 KB per block). Deeper K stages mean fewer barriers per MMA.
+// 8 warps of 64 x 64 over a 128 x 256 tile, 48 KB per stage: three stages (144 KB) for
+// LargeTiling (A100, H100), two (96 KB) for SmallTiling (GPUs with 99 KB per block). Deep K
+// stages mean fewer barriers per MMA, and 128-byte rows are what the swizzle permutes.
 // -DMM_VARIANTS_TENSOR_CORE overrides LargeTiling for a sweep.
 #ifndef MM_VARIANTS_TENSOR_CORE  // BM, BN, BK_BYTES, WM, WN, STAGES, MIN_BLOCKS
 #define MM_VARIANTS_TENSOR_CORE 128, 256, 128, 64, 64, 3, 1
 #endif
 using LargeTiling = TensorCoreTiling<MM_VARIANTS_TENSOR_CORE>;
-using SmallTiling = TensorCoreTiling<128, 256, 64, 64, 64, 3, 1>;
+using SmallTiling = TensorCoreTiling<128, 256, 128, 64, 64, 2, 1>;
 
 constexpr int kGroupM = 8;  // tile rows per group of the grouped tile order (tile_origin)
 
@@ -131,13 +134,14 @@ struct Tiles {
   static constexpr int kSlices = BK / kMmaK;  // MMA steps per stage
 
   // A stage stores each operand as its global layout does: A as [BM][BK] (K-contiguous) or
-  // [BK][BM], B as [BN][BK] or [BK][BN], the contiguous rows padded (mma::padded_pitch).
+  // [BK][BM], B as [BN][BK] or [BK][BN], the 16-byte chunks of each row swizzled (mma::Swizzle)
+  // for the loads that read it: ldmatrix, or scalar loads for 32-bit tiles stored K-outer.
   static constexpr bool kALdmatrix = kAK || kElem == 2, kBLdmatrix = kBK || kElem == 2;
+  using ASwizzle = mma::Swizzle<kALdmatrix>;
+  using BSwizzle = mma::Swizzle<kBLdmatrix>;
   static constexpr int kAOuter = kAK ? C::BM : BK, kAInner = kAK ? BK : C::BM;
   static constexpr int kBOuter = kBK ? C::BN : BK, kBInner = kBK ? BK : C::BN;
-  static constexpr int kAPitch = mma::padded_pitch(kAInner, kElem, kALdmatrix);
-  static constexpr int kBPitch = mma::padded_pitch(kBInner, kElem, kBLdmatrix);
-  static constexpr int kAStage = kAOuter * kAPitch, kBStage = kBOuter * kBPitch;
+  static constexpr int kAStage = kAOuter * kAInner, kBStage = kBOuter * kBInner;
 
   // Epilogue: each warp stages 16 rows of its tile; the pitch spreads the pair stores of a warp
   // over all banks (4 words mod 32 for 16-bit pairs, 8 words mod 32 for float pairs).
@@ -151,8 +155,8 @@ struct Tiles {
                 "warp tiles must tile the block and be made of 16 x 16 pieces");
   static_assert(BK % kMmaK == 0 && kSlices % 2 == 0, "fragments alternate between two sets");
   static_assert(C::kStages >= 2, "the pipeline needs at least two stages");
-  static_assert(mma::conflict_free_pitch(kAPitch, kElem, kALdmatrix) &&
-                mma::conflict_free_pitch(kBPitch, kElem, kBLdmatrix));
+  static_assert(C::WM % 64 == 0 && C::WN % 64 == 0,
+                "a warp's first column of a K-outer tile starts a swizzle pattern (8 chunks)");
   static_assert((kAOuter * kAInner / kChunk) % kThreads == 0 &&
                 (kBOuter * kBInner / kChunk) % kThreads == 0,
                 "every thread copies the same number of chunks");
@@ -185,11 +189,12 @@ struct BatchStrides {
 
 // The 16-byte cp.async copy of one operand's K tiles into shared memory. The tile is
 // kOuter x kInner with its inner dimension contiguous in global memory (element (o, i) at
-// origin[o * ld + i]); K is the outer dimension when kKOuter, else the inner one. Each thread
+// origin[o * ld + i]) and stored swizzled by Sw; K is the outer dimension when kKOuter, else the
+// inner one. Each thread
 // moves the same chunks of every K tile, so its addresses are computed once. Copies past the
 // matrix edges are zero-filled (partly, in the last chunk of a row), and K tiles past the end
 // read as zeros: the pipeline issues them without a branch.
-template <int kOuter, int kInner, int kPitch, int kThreads, bool kKOuter, typename E>
+template <int kOuter, int kInner, class Sw, int kThreads, bool kKOuter, typename E>
 struct AsyncTileCopy {
   static constexpr int kChunk = 16 / sizeof(E);
   static constexpr int kChunksPerRow = kInner / kChunk;
@@ -197,6 +202,8 @@ struct AsyncTileCopy {
   static constexpr int kPasses = kOuter / kRowsPerPass;
   static_assert(kThreads % kChunksPerRow == 0 && kOuter % kRowsPerPass == 0,
                 "every thread copies the same chunks of every row pass");
+  static_assert(kRowsPerPass % Sw::kPeriod == 0, "a thread's chunks share one swizzle");
+  static constexpr int kPassBytes = kRowsPerPass * kInner * sizeof(E);
 
   // The operand's own values (base pointer, ld, K, the tile's extent) stay kernel parameters;
   // a thread keeps only its first chunk's address and position.
@@ -215,11 +222,10 @@ struct AsyncTileCopy {
   // the issue slots of the warps that feed the tensor cores.
   __device__ __forceinline__ void issue_whole(uint32_t stage, int kt, int64_t ld) const {
     const E* tile = src + (kKOuter ? int64_t(kt) * kOuter * ld : int64_t(kt) * kInner);
-    const uint32_t dst = stage + (row * kPitch + col) * sizeof(E);
+    const uint32_t dst = stage + Sw::template offset<kInner, sizeof(E)>(row, col) * sizeof(E);
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
-      mma::cp_async_16(dst + i * kRowsPerPass * kPitch * sizeof(E), tile + i * kRowsPerPass * ld,
-                       16);
+      mma::cp_async_16(dst + i * kPassBytes, tile + i * kRowsPerPass * ld, 16);
     }
   }
 
@@ -238,26 +244,27 @@ struct AsyncTileCopy {
     // Elements of this thread's chunk inside the matrix, and rows left from its first row.
     const int chunk = min(max(kKOuter ? x_left - col : K - k0 - col, 0), kChunk);
     const int rows_left = (kKOuter ? K - k0 : x_left) - row;
-    const uint32_t dst = stage + (row * kPitch + col) * sizeof(E);
+    const uint32_t dst = stage + Sw::template offset<kInner, sizeof(E)>(row, col) * sizeof(E);
 #pragma unroll
     for (int i = 0; i < kPasses; ++i) {
       const int bytes = i * kRowsPerPass < rows_left ? chunk * static_cast<int>(sizeof(E)) : 0;
-      mma::cp_async_16(dst + i * kRowsPerPass * kPitch * sizeof(E),
-                       bytes > 0 ? tile + i * kRowsPerPass * ld : base, bytes);
+      mma::cp_async_16(dst + i * kPassBytes, bytes > 0 ? tile + i * kRowsPerPass * ld : base,
+                       bytes);
     }
   }
 };
 
 // The same tile as AsyncTileCopy, element by element: for operands whose pointer or leading
 // dimension is not 16-byte aligned. Fills the same shared layout; outside the matrix, zeros.
-template <int kOuter, int kInner, int kPitch, int kThreads, typename E>
+template <int kOuter, int kInner, class Sw, int kThreads, typename E>
 __device__ __forceinline__ void copy_tile_elementwise(E* dst, const E* src, int64_t ld,
                                                       int outer_left, int inner_left) {
 #pragma unroll 4
   for (int i = 0; i < kOuter * kInner / kThreads; ++i) {
     const int e = threadIdx.x + i * kThreads;
     const int o = e / kInner, x = e % kInner;
-    dst[o * kPitch + x] = o < outer_left && x < inner_left ? src[o * ld + x] : E(0);
+    dst[Sw::template offset<kInner, sizeof(E)>(o, x)] =
+        o < outer_left && x < inner_left ? src[o * ld + x] : E(0);
   }
 }
 
@@ -285,10 +292,10 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   const int m_left = min(g.M - m0, C::BM), n_left = min(g.N - n0, C::BN);
   const int k_tiles = (g.K - 1) / L::BK + 1;
 
-  const AsyncTileCopy<L::kAOuter, L::kAInner, L::kAPitch, L::kThreads, !L::kAK, E> a_copy(
-      a, g.a.ld, m0);
-  const AsyncTileCopy<L::kBOuter, L::kBInner, L::kBPitch, L::kThreads, !L::kBK, E> b_copy(
-      b, g.b.ld, n0);
+  const AsyncTileCopy<L::kAOuter, L::kAInner, typename L::ASwizzle, L::kThreads, !L::kAK, E>
+      a_copy(a, g.a.ld, m0);
+  const AsyncTileCopy<L::kBOuter, L::kBInner, typename L::BSwizzle, L::kThreads, !L::kBK, E>
+      b_copy(b, g.b.ld, n0);
   const uint32_t a_stages = mma::smem_addr(a_smem), b_stages = mma::smem_addr(b_smem);
   // Both operands 16-byte aligned: every stage is a run of cp.async, predicate-free for the
   // tiles that lie wholly inside the matrix (all but the last K tile and the edge blocks). Tiles
@@ -316,19 +323,19 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
     if (a_vec16) {
       a_copy.issue(a_stages + stage * L::kAStage * L::kElem, kt, a_base, g.a.ld, g.K, m_left);
     } else if constexpr (L::kAK) {
-      copy_tile_elementwise<C::BM, L::BK, L::kAPitch, L::kThreads>(
+      copy_tile_elementwise<C::BM, L::BK, typename L::ASwizzle, L::kThreads>(
           a_smem + stage * L::kAStage, a + int64_t(m0) * g.a.ld + k0, g.a.ld, m_left, k_left);
     } else {
-      copy_tile_elementwise<L::BK, C::BM, L::kAPitch, L::kThreads>(
+      copy_tile_elementwise<L::BK, C::BM, typename L::ASwizzle, L::kThreads>(
           a_smem + stage * L::kAStage, a + int64_t(k0) * g.a.ld + m0, g.a.ld, k_left, m_left);
     }
     if (b_vec16) {
       b_copy.issue(b_stages + stage * L::kBStage * L::kElem, kt, b_base, g.b.ld, g.K, n_left);
     } else if constexpr (L::kBK) {
-      copy_tile_elementwise<C::BN, L::BK, L::kBPitch, L::kThreads>(
+      copy_tile_elementwise<C::BN, L::BK, typename L::BSwizzle, L::kThreads>(
           b_smem + stage * L::kBStage, b + int64_t(n0) * g.b.ld + k0, g.b.ld, n_left, k_left);
     } else {
-      copy_tile_elementwise<L::BK, C::BN, L::kBPitch, L::kThreads>(
+      copy_tile_elementwise<L::BK, C::BN, typename L::BSwizzle, L::kThreads>(
           b_smem + stage * L::kBStage, b + int64_t(k0) * g.b.ld + n0, g.b.ld, k_left, n_left);
     }
   };
@@ -339,13 +346,23 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   // lane (g, t) reads row or column g at k = t and t + 4.
   const int j = lane / 8, r = lane % 8, gq = lane / 4, tq = lane % 4;
 
-  // ldmatrix: this lane's row address in a stage (bytes from its start) for the warp's first
-  // 16-row piece of A and 16-column piece of B at k = 0. Other pieces and k steps lie a constant
-  // away, which the compiler folds into the instructions' address offsets.
-  const uint32_t a_lane = (L::kAK ? (warp_m + j % 2 * 8 + r) * L::kAPitch + j / 2 * L::kChunk
-                                  : (j / 2 * 8 + r) * L::kAPitch + warp_m + j % 2 * 8) * L::kElem;
-  const uint32_t b_lane = (L::kBK ? (warp_n + j / 2 * 8 + r) * L::kBPitch + j % 2 * L::kChunk
-                                  : (j % 2 * 8 + r) * L::kBPitch + warp_n + j / 2 * 8) * L::kElem;
+  // This lane's place in a stage for the warp's first 16-row piece of A and 16-column piece of B
+  // at k = 0: its row, and the swizzled part of its column. Every row an ldmatrix lane reads is
+  // r modulo 8, and every row a scalar load reads is t modulo 4, so the swizzle mask is the same
+  // for all of a lane's loads. Other pieces and k steps lie a constant number of rows away or a
+  // constant number of chunks across, by chunk bits that the lane's own column leaves zero: the
+  // column of each load is one XOR of the lane's with a constant, and its row offset folds into
+  // the instruction's address offset.
+  const int a_row = L::kAK ? warp_m + j % 2 * 8 + r : (L::kALdmatrix ? j / 2 * 8 + r : tq);
+  const int a_col = L::kALdmatrix ? ((L::kAK ? j / 2 : j % 2) ^ r) * L::kChunk : gq + 8 * tq;
+  const int b_row = L::kBK ? warp_n + j / 2 * 8 + r : (L::kBLdmatrix ? j % 2 * 8 + r : tq);
+  const int b_col = L::kBLdmatrix ? ((L::kBK ? j % 2 : j / 2) ^ r) * L::kChunk : gq + 8 * tq;
+  // Bytes from a stage's start to the lane's row and to the warp's first column.
+  const uint32_t a_lane = (a_row * L::kAInner + (L::kAK ? 0 : warp_m)) * L::kElem;
+  const uint32_t b_lane = (b_row * L::kBInner + (L::kBK ? 0 : warp_n)) * L::kElem;
+  // A scalar load's column x (a multiple of 8) from the lane's swizzled column, which is under
+  // 32: only x's low five bits meet the XOR, so a lane keeps four columns, not one per load.
+  const auto scalar_col = [](int lane_col, int x) { return (lane_col ^ x % 32) + x / 32 * 32; };
 
   // The fragments of the MMA step at k offset kk of stage `stage`.
   const auto load_a = [&](uint32_t(&frag)[L::kMTiles][4], int stage, int kk) {
@@ -353,16 +370,17 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
 #pragma unroll
     for (int mi = 0; mi < L::kMTiles; ++mi) {
       if constexpr (L::kAK) {  // [m][k]: matrix j is rows m + 8 (j % 2), k chunk j / 2
-        mma::ldmatrix_x4(frag[mi], lane_at + (mi * 16 * L::kAPitch + kk) * L::kElem);
+        mma::ldmatrix_x4(frag[mi],
+                         lane_at + (mi * 16 * L::kAInner + (a_col ^ kk)) * L::kElem);
       } else if constexpr (L::kElem == 2) {  // [k][m], transposed by ldmatrix: k rows j / 2
-        mma::ldmatrix_x4_trans(frag[mi], lane_at + (kk * L::kAPitch + mi * 16) * L::kElem);
+        mma::ldmatrix_x4_trans(frag[mi],
+                               lane_at + (kk * L::kAInner + (a_col ^ mi * 16)) * L::kElem);
       } else {  // [k][m] 32-bit: a0 (g, t), a1 (g + 8, t), a2 (g, t + 4), a3 (g + 8, t + 4)
-        const E* p =
-            a_smem + stage * L::kAStage + (kk + tq) * L::kAPitch + warp_m + mi * 16 + gq;
-        frag[mi][0] = p[0];
-        frag[mi][1] = p[8];
-        frag[mi][2] = p[4 * L::kAPitch];
-        frag[mi][3] = p[4 * L::kAPitch + 8];
+        const E* p = a_smem + stage * L::kAStage + a_lane / L::kElem + kk * L::kAInner;
+        frag[mi][0] = p[scalar_col(a_col, mi * 16)];
+        frag[mi][1] = p[scalar_col(a_col, mi * 16 + 8)];
+        frag[mi][2] = p[4 * L::kAInner + scalar_col(a_col, mi * 16)];
+        frag[mi][3] = p[4 * L::kAInner + scalar_col(a_col, mi * 16 + 8)];
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q) frag[mi][q] = MmaOp<T>::prepare(frag[mi][q]);
@@ -374,16 +392,15 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
     for (int np = 0; np < L::kNTiles / 2; ++np) {  // two 8-column MMA tiles per load
       uint32_t x[4];
       if constexpr (L::kBK) {  // [n][k]: matrix j is rows n + 8 (j / 2), k chunk j % 2
-        mma::ldmatrix_x4(x, lane_at + (np * 16 * L::kBPitch + kk) * L::kElem);
+        mma::ldmatrix_x4(x, lane_at + (np * 16 * L::kBInner + (b_col ^ kk)) * L::kElem);
       } else if constexpr (L::kElem == 2) {  // [k][n], transposed by ldmatrix: k rows j % 2
-        mma::ldmatrix_x4_trans(x, lane_at + (kk * L::kBPitch + np * 16) * L::kElem);
+        mma::ldmatrix_x4_trans(x, lane_at + (kk * L::kBInner + (b_col ^ np * 16)) * L::kElem);
       } else {  // [k][n] 32-bit: b0 (t, g), b1 (t + 4, g) of columns n and n + 8
-        const E* p =
-            b_smem + stage * L::kBStage + (kk + tq) * L::kBPitch + warp_n + np * 16 + gq;
-        x[0] = p[0];
-        x[1] = p[4 * L::kBPitch];
-        x[2] = p[8];
-        x[3] = p[4 * L::kBPitch + 8];
+        const E* p = b_smem + stage * L::kBStage + b_lane / L::kElem + kk * L::kBInner;
+        x[0] = p[scalar_col(b_col, np * 16)];
+        x[1] = p[4 * L::kBInner + scalar_col(b_col, np * 16)];
+        x[2] = p[scalar_col(b_col, np * 16 + 8)];
+        x[3] = p[4 * L::kBInner + scalar_col(b_col, np * 16 + 8)];
       }
 #pragma unroll
       for (int q = 0; q < 4; ++q) frag[2 * np + q / 2][q % 2] = MmaOp<T>::prepare(x[q]);

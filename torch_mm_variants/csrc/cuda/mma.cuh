@@ -1,5 +1,5 @@
 // PTX wrappers for the sm_80+ tensor-core path: asynchronous global->shared copies (cp.async),
-// shared->register fragment loads (ldmatrix) and warp-level MMAs (mma.sync), plus the padding rule
+// shared->register fragment loads (ldmatrix) and warp-level MMAs (mma.sync), plus the swizzle
 // that keeps the shared-memory tiles free of bank conflicts. Each wrapper is one instruction.
 //
 // Fragment layouts follow the PTX ISA ("Matrix Fragments for mma.m16n8k16 / m16n8k8"): with
@@ -106,21 +106,31 @@ __device__ __forceinline__ uint32_t round_to_tf32(uint32_t x) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Bank-conflict-free shared tiles by padding.
+// Bank-conflict-free shared tiles by swizzling.
 //
-// Shared memory serves 128 bytes per cycle in 32 four-byte banks. ldmatrix reads eight 16-byte
-// rows per matrix: they fall in distinct bank groups when the row pitch is an odd multiple of
-// 16 bytes, so a tile read by ldmatrix gets one 16-byte chunk of padding per row. A 32-bit tile
-// stored K-outer (element (k, x) at k * pitch + x) is read by scalar loads at k = t, x = g
-// (t < 4, g < 8): those hit 32 distinct banks when the pitch is 8 words modulo 32, so it gets
-// eight words of padding. Rows stay 16-byte aligned for cp.async either way.
-constexpr int padded_pitch(int inner_elems, int elem_bytes, bool read_by_ldmatrix) {
-  return inner_elems + (read_by_ldmatrix ? 16 / elem_bytes : 8);
-}
+// Shared memory serves 128 bytes per cycle in 32 four-byte banks. A tile row of whole 128-byte
+// lines keeps each line's eight 16-byte chunks in that line, permuted: chunk c of row r is stored
+// at c ^ m(r), m(r) < 8. cp.async then writes every line whole, as global memory delivers it (a
+// tile padded by one chunk per row also avoids read conflicts, but its rows straddle lines, and
+// the copies into it take over twice the shared-memory cycles and half again the L2 sectors).
+// ldmatrix reads one chunk of 8 consecutive rows: m(r) = r % 8 sends them to 8 distinct bank
+// groups. Scalar loads of a 32-bit tile stored K-outer read 8 consecutive elements (2 chunks) of
+// 4 consecutive rows: m(r) = 2 (r % 4) spreads those over all 32 banks.
+template <bool kLdmatrix>
+struct Swizzle {
+  static constexpr int kPeriod = kLdmatrix ? 8 : 4;  // rows after which m(r) repeats
 
-constexpr bool conflict_free_pitch(int pitch_elems, int elem_bytes, bool read_by_ldmatrix) {
-  return read_by_ldmatrix ? (pitch_elems * elem_bytes) % 32 == 16
-                          : elem_bytes == 4 && pitch_elems % 32 == 8;
-}
+  // The element offset of element x of row `row` in a tile of kInner-element rows.
+  template <int kInner, int kElemBytes>
+  __host__ __device__ static constexpr int offset(int row, int x) {
+    static_assert(kInner * kElemBytes % 128 == 0, "rows of whole 128-byte lines");
+    return row * kInner + (x ^ mask(row) * (16 / kElemBytes));
+  }
+
+  // m(row), in chunks.
+  __host__ __device__ static constexpr int mask(int row) {
+    return kLdmatrix ? row % 8 : 2 * (row % 4);
+  }
+};
 
 }  // namespace mm_variants::cuda::mma
