@@ -1,7 +1,8 @@
 // The ceiling of rung 8's instruction on this GPU: bf16 mma.sync m16n8k16 throughput with no
 // global-memory traffic, for the warp tiling rung 8 uses (8 warps of 64 x 64 over a 128 x 256
 // tile, one block per SM) and a few others, then the same loop with its fragments read from shared
-// memory by ldmatrix and a barrier every 4 k steps, as rung 8's main loop does. What the full
+// memory by ldmatrix and a barrier every 4 k steps, as rung 8's main loop does, and last tf32
+// m16n8k8 with the operands in registers. What the full
 // kernel loses against these numbers is lost to feeding shared memory from global memory and to
 // the work around the main loop. Needs sm_80 or newer:
 //
@@ -49,21 +50,35 @@ __device__ void keep(const float (&acc)[MT][NT][4], float* sink) {
   if (sum == 1.2345f) *sink = sum;
 }
 
-// Each warp: an (MT * 16) x (NT * 8) accumulator tile, fragments fixed in registers.
-template <int MT, int NT>
+// One fragment register: two random bf16, or one random float for tf32 (whose low 13 bits the
+// tensor core ignores).
+template <bool kTf32>
+__device__ __forceinline__ uint32_t random_register(uint32_t i) {
+  return kTf32 ? uint32_t(random_bf16(i)) << 16 | random_bf16(i + 7919) : random_pair(i);
+}
+
+// Each warp: an (MT * 16) x (NT * 8) accumulator tile, fragments fixed in registers; bf16
+// m16n8k16, or tf32 m16n8k8 (half the multiply-adds per instruction).
+template <int MT, int NT, bool kTf32>
 __global__ void registers_only(float* sink, int iterations) {
   uint32_t a[MT][4], b[NT][2];
   const uint32_t thread = blockIdx.x * blockDim.x + threadIdx.x;
   for (int i = 0; i < MT; ++i)
-    for (int q = 0; q < 4; ++q) a[i][q] = random_pair(thread * 64 + i * 4 + q);
+    for (int q = 0; q < 4; ++q) a[i][q] = random_register<kTf32>(thread * 64 + i * 4 + q);
   for (int i = 0; i < NT; ++i)
-    for (int q = 0; q < 2; ++q) b[i][q] = random_pair(thread * 64 + 32 + i * 2 + q);
+    for (int q = 0; q < 2; ++q) b[i][q] = random_register<kTf32>(thread * 64 + 32 + i * 2 + q);
   float acc[MT][NT][4] = {};
   for (int it = 0; it < iterations; ++it) {
 #pragma unroll
     for (int i = 0; i < MT; ++i)
 #pragma unroll
-      for (int j = 0; j < NT; ++j) mma::mma_m16n8k16_bf16(acc[i][j], a[i], b[j]);
+      for (int j = 0; j < NT; ++j) {
+        if constexpr (kTf32) {
+          mma::mma_m16n8k8_tf32(acc[i][j], a[i], b[j]);
+        } else {
+          mma::mma_m16n8k16_bf16(acc[i][j], a[i], b[j]);
+        }
+      }
   }
   keep(acc, sink);
 }
@@ -76,7 +91,9 @@ constexpr int kRow = 64, kStageElems = (128 + 256) * kRow;
 
 __global__ void __launch_bounds__(256, 1) from_shared(float* sink, int iterations, bool barrier) {
   extern __shared__ uint16_t stage[];
-  for (int i = threadIdx.x; i < kStageElems; i += blockDim.x) stage[i] = random_bf16(blockIdx.x * kStageElems + i);
+  for (int i = threadIdx.x; i < kStageElems; i += blockDim.x) {
+    stage[i] = random_bf16(blockIdx.x * kStageElems + i);
+  }
   __syncthreads();
   const uint32_t base = mma::smem_addr(stage);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, j = lane / 8, r = lane % 8;
@@ -92,7 +109,9 @@ __global__ void __launch_bounds__(256, 1) from_shared(float* sink, int iteration
       if (barrier && ks == 3) __syncthreads();
       const int next = (ks + 1) % 2, kk = (ks + 1) % 4 * 16;
 #pragma unroll
-      for (int mi = 0; mi < 4; ++mi) mma::ldmatrix_x4(a[next][mi], a_lane + (mi * 16 * kRow + (a_col ^ kk)) * 2);
+      for (int mi = 0; mi < 4; ++mi) {
+        mma::ldmatrix_x4(a[next][mi], a_lane + (mi * 16 * kRow + (a_col ^ kk)) * 2);
+      }
 #pragma unroll
       for (int np = 0; np < 4; ++np) {
         uint32_t x[4];
@@ -102,7 +121,9 @@ __global__ void __launch_bounds__(256, 1) from_shared(float* sink, int iteration
 #pragma unroll
       for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
-        for (int ni = 0; ni < 8; ++ni) mma::mma_m16n8k16_bf16(acc[mi][ni], a[ks % 2][mi], b[ks % 2][ni]);
+        for (int ni = 0; ni < 8; ++ni) {
+          mma::mma_m16n8k16_bf16(acc[mi][ni], a[ks % 2][mi], b[ks % 2][ni]);
+        }
     }
   }
   keep(acc, sink);
@@ -130,13 +151,16 @@ double best_tflops(Launch launch, double flops) {
   return flops / best / 1e9;
 }
 
-template <int MT, int NT>
+template <int MT, int NT, bool kTf32 = false>
 void report_registers_only(float* sink, int warps, int sms) {
-  const double flops = kFlopsPerMma * MT * NT * double(kIterations) * warps * sms;
+  const double flops =
+      kFlopsPerMma / (kTf32 ? 2 : 1) * MT * NT * double(kIterations) * warps * sms;
   const double tflops = best_tflops(
-      [&](int n) { registers_only<MT, NT><<<sms, 32 * warps>>>(sink, n); }, flops);
-  std::printf("| registers only | %d x %d | %d | %.1f |\n", MT * 16, NT * 8, warps, tflops);
+      [&](int n) { registers_only<MT, NT, kTf32><<<sms, 32 * warps>>>(sink, n); }, flops);
+  std::printf("| registers only%s | %d x %d | %d | %.1f |\n", kTf32 ? ", tf32 m16n8k8" : "",
+              MT * 16, NT * 8, warps, tflops);
 }
+
 
 void report_from_shared(float* sink, bool barrier, int sms) {
   const int bytes = kStageElems * 2;
@@ -162,13 +186,15 @@ int main() {
   cudaMalloc(&sink, sizeof(float));
   std::printf("%s, one block per SM, bf16 mma.sync m16n8k16 with float accumulation\n\n",
               properties.name);
-  std::printf("| fragments | warp tile | warps per block | TFLOP/s |\n| --- | --- | ---: | ---: |\n");
+  std::printf("| fragments | warp tile | warps per block | TFLOP/s |\n");
+  std::printf("| --- | --- | ---: | ---: |\n");
   report_registers_only<4, 8>(sink, 8, sms);
   report_registers_only<4, 8>(sink, 4, sms);
   report_registers_only<4, 8>(sink, 12, sms);
   report_registers_only<2, 8>(sink, 16, sms);
   report_from_shared(sink, false, sms);
   report_from_shared(sink, true, sms);
+  report_registers_only<4, 8, true>(sink, 8, sms);
   const cudaError_t error = cudaDeviceSynchronize();
   if (error != cudaSuccess) {
     std::fprintf(stderr, "CUDA error: %s\n", cudaGetErrorString(error));
