@@ -52,17 +52,16 @@ RUNGS = {
                             (128, 256, 8, 64, 64, 8, 16, 1),
                             (256, 128, 8, 64, 64, 16, 8, 1),
                         ), tf32=False),
-    # Block tile, bytes of K per stage, warp tile, pipeline stages, resident blocks per SM.
+    # Block tile, bytes of K per stage, warp tile, pipeline stages, resident blocks per SM. The
+    # swizzled stages need 128-byte rows (BK_BYTES = 128) and warp tiles of 64 x 64 or more.
     "tensor_core": Rung("08_tensor_core.cu", "MM_VARIANTS_TENSOR_CORE",
                         "BM, BN, BK_BYTES, WM, WN, STAGES, MIN_BLOCKS", (
                             (128, 256, 128, 64, 64, 3, 1),
-                            (128, 256, 64, 64, 64, 4, 1),
+                            (128, 256, 128, 64, 64, 4, 1),
+                            (128, 256, 128, 64, 64, 2, 1),
                             (256, 128, 128, 64, 64, 3, 1),
                             (128, 128, 128, 64, 64, 3, 2),
-                            (128, 128, 64, 64, 64, 4, 2),
-                            (128, 256, 128, 64, 32, 3, 1),
-                            (128, 128, 128, 64, 32, 3, 2),
-                            (128, 256, 128, 32, 64, 3, 1),
+                            (128, 128, 128, 64, 64, 2, 2),
                         ), tf32=True),
 }
 
