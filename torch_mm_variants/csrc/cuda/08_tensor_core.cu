@@ -349,12 +349,12 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   const int j = lane / 8, r = lane % 8, gq = lane / 4, tq = lane % 4;
 
   // This lane's place in a stage for the warp's first 16-row piece of A and 16-column piece of B
-  // at k = 0: its row, and the swizzled part of its column. Every row an ldmatrix lane reads is
-  // r modulo 8, and every row a scalar load reads is t modulo 4, so the swizzle mask is the same
-  // for all of a lane's loads. Other pieces and k steps lie a constant number of rows away or a
-  // constant number of chunks across, by chunk bits that the lane's own column leaves zero: the
-  // column of each load is one XOR of the lane's with a constant, and its row offset folds into
-  // the instruction's address offset.
+  // at k = 0: its row, and its swizzled column. Every row an ldmatrix lane reads is r modulo 8,
+  // and every row a scalar load reads is t modulo 4, so the swizzle mask is the same for all of a
+  // lane's loads. Other pieces and k steps lie a constant number of rows away, or an even number
+  // of chunks across while the lane's own chunk is 0 or 1 (bits that do not overlap): the column
+  // of each load is the lane's swizzled column XOR a constant, and its row offset folds into the
+  // instruction's address offset.
   const int a_row = L::kAK ? warp_m + j % 2 * 8 + r : (L::kALdmatrix ? j / 2 * 8 + r : tq);
   const int a_col = L::kALdmatrix ? ((L::kAK ? j / 2 : j % 2) ^ r) * L::kChunk : gq + 8 * tq;
   const int b_row = L::kBK ? warp_n + j / 2 * 8 + r : (L::kBLdmatrix ? j % 2 * 8 + r : tq);
