@@ -4,10 +4,15 @@ nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t().
     python scripts/bench_skinny.py
     python scripts/bench_skinny.py --m 1,16 --shapes 4096x14336 --dtypes bfloat16 --output rows.json
 
-Each (M, N, K) and algorithm is checked against a float64 product first, then timed with
-triton.testing.do_bench (median), torch.mm before and after ours; torch.mm's time is the mean of
-the two. Both rotate over enough weight copies that L2 cannot hold them, so every call streams
-its weight from memory, as in decode. GB/s counts the weight bytes only.
+Each (M, N, K) and algorithm is checked against a float64 product first, then timed, torch.mm
+before and after ours; torch.mm's time is the mean of the two. Both rotate over enough weight
+copies that L2 cannot hold them, so every call streams its weight from memory, as in decode.
+GB/s counts the weight bytes only. Two ways of timing (--timing):
+- flush (default): triton.testing.do_bench, median of single calls, each after do_bench has
+  cleared L2 by writing a 256 MB buffer. The call's reads then also push those dirty lines back
+  to memory, which costs every kernel alike.
+- graph: calls back to back in a CUDA graph, as decode runs in serving engines that capture it;
+  the median over replays of the time per call.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 
 import torch
@@ -36,6 +42,8 @@ def parse_args(argv=None):
     p.add_argument("--algorithms", default=None,
                    help="comma-separated mm_variants algorithms to time (default: auto and every "
                         "skinny rung this GPU lists)")
+    p.add_argument("--timing", choices=["flush", "graph"], default="flush",
+                   help="single calls after an L2 clear, or back-to-back calls in a CUDA graph")
     p.add_argument("--output", default=None, help="also write the rows as JSON to this file")
     return p.parse_args(argv)
 
@@ -46,7 +54,7 @@ def copies_needed(weight_bytes: int) -> int:
     return max(2, math.ceil(3 * l2 / weight_bytes))
 
 
-def time_us(fn, inputs) -> float:
+def flush_us(fn, inputs) -> float:
     from triton.testing import do_bench
     state = {"i": 0}
 
@@ -56,6 +64,31 @@ def time_us(fn, inputs) -> float:
         return fn(x, w.t())
     # do_bench clears L2 before every call; 25 ms of calls gives thousands of samples here.
     return 1e3 * float(do_bench(step, warmup=5, rep=25, return_mode="median"))
+
+
+def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
+    """Per call, of `calls` calls over the rotated inputs captured in one CUDA graph."""
+    sequence = [inputs[i % len(inputs)] for i in range(calls)]
+    side = torch.cuda.Stream()  # first calls (shared-memory opt-ins) outside the capture
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for x, w in sequence[:len(inputs)]:
+            fn(x, w.t())
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for x, w in sequence:
+            fn(x, w.t())
+    graph.replay()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(1e3 * start.elapsed_time(end) / calls)
+    return statistics.median(times)
 
 
 def takes(algorithm: str, dtype: torch.dtype) -> bool:
@@ -78,8 +111,10 @@ def main(argv=None) -> int:
     shapes = [tuple(int(d) for d in s.lower().split("x")) for s in args.shapes.split(",")]
     algorithms = (args.algorithms.split(",") if args.algorithms else
                   ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
+    time_us = graph_us if args.timing == "graph" else flush_us
     print(f"# {', '.join(algorithms)} vs torch.mm on {torch.cuda.get_device_name()}, "
-          f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]; us (speed-up over torch.mm)")
+          f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]; us (speed-up over torch.mm), "
+          f"{args.timing} timing")
     print("| dtype | M | N | K | torch.mm us | torch.mm GB/s | "
           + " | ".join(algorithms) + " | best GB/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | " + "---: | " * len(algorithms) + "---: |")
@@ -108,7 +143,8 @@ def main(argv=None) -> int:
                     us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
                     times.append(us)
                     rows.append({"dtype": dtype_name, "m": m, "n": n, "k": k,
-                                 "algorithm": algorithm, "us": us, "rel_error": err,
+                                 "timing": args.timing, "algorithm": algorithm, "us": us,
+                                 "rel_error": err,
                                  "gbs": weight_bytes / us / 1e3})
                     cells.append(f"{us:.1f}")
                 baseline = (before + time_us(torch.mm, inputs)) / 2

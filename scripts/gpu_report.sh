@@ -48,4 +48,6 @@ LINEAR_SIZES=4096x4096x4096,4096x14336x4096,4096x4096x14336
 SIZES=$LINEAR_SIZES bench linear_bf16 --dtype bfloat16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
 SIZES=$LINEAR_SIZES bench linear_fp16 --dtype float16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
 python3 scripts/bench_skinny.py 2>/dev/null | tee "$OUT/bench_skinny.md" || status=1
+python3 scripts/bench_skinny.py --timing graph 2>/dev/null | tee "$OUT/bench_skinny_graph.md" \
+  || status=1
 exit $status

@@ -13,6 +13,9 @@ import torch_mm_variants as mmv
 # needs; the last one splits K over a cluster there (few tiles, K >= 4096).
 SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (136, 264, 72),
           (136, 264, 4100)]
+# Paths that only larger shapes reach: skinny_tma's one-block-per-SM ring (64 tokens against a
+# 4096 x 4096 weight, on a GPU of 132 SMs).
+EXTRA_SHAPES = {"skinny_tma": [(64, 4096, 4096)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
@@ -47,7 +50,7 @@ def main() -> int:
     for algorithm in sys.argv[1:] or mmv.algorithms("cuda"):
         for dtype_name in mmv._C.algorithm_dtypes("cuda", algorithm):
             dtype = DTYPES[dtype_name]
-            for m, n, k in SHAPES:
+            for m, n, k in SHAPES + EXTRA_SHAPES.get(algorithm, []):
                 for la, lb in layouts:
                     a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
                     try:

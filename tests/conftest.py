@@ -3,10 +3,12 @@ reference, tolerances, and output poisoning."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
 import subprocess
+import tempfile
 
 import pytest
 import torch
@@ -140,6 +142,21 @@ def on_side_stream(work):
         result = work()
     torch.cuda.current_stream().wait_stream(side)
     return result
+
+
+def launched_kernels(run) -> list[dict]:
+    """The kernel events of what run() launches, from the profiler's trace: each one's name, and
+    its launch grid in args."""
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
+        run()
+        torch.cuda.synchronize()
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "trace.json")
+        profile.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    return [e for e in events if e.get("cat") == "kernel"]
 
 
 def capture_graph(work):

@@ -11,7 +11,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
-                      random_matrix)
+                      launched_kernels, random_matrix)
 
 pytestmark = pytest.mark.skipif(
     not gpu_available() or "skinny" not in mmv.algorithms("cuda"),
@@ -161,3 +161,27 @@ def test_auto_picks_skinny_for_decode(m, n, dtype):
     w = random_matrix(n, 4096, dtype, "cuda")
     assert mmv.auto_choice(x, w.t()) == expected_auto_choice(m, n, dtype)
     assert_matches_reference(x, w.t(), "auto")
+
+
+@pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tma_ring_sizes(dtype):
+    """skinny_tma runs two blocks per SM (96 KB rings) or one (192 KB) where that leaves the
+    busiest SM less of the weight to stream. Both are exact, on sizes just off the 64-row blocks
+    and 64-k boxes (K stays a multiple of 8: TMA needs 16-byte rows, or rung 10 runs instead); on
+    a GPU of 132 SMs, 64 tokens on 4096 x 4096 and 4096 x 14336 weights take the deep ring and
+    14336 x 4096 the shared one."""
+    torch.manual_seed(0)
+    rings = {}
+    for m, n, k in [(64, 4096, 4096), (64, 4096, 14336), (64, 14336, 4096), (61, 4033, 4104),
+                    (33, 4095, 8200), (64, 4100, 3992)]:
+        x, w = random_matrix(m, k, dtype, "cuda"), random_matrix(n, k, dtype, "cuda")
+        names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w.t(), "skinny_tma"))
+                 if "skinny_tma_kernel" in e["name"]]
+        assert len(names) == 1, names
+        rings[(m, n, k)] = int(re.search(r"Ring<\d+, (\d+)>", names[0]).group(1))
+        assert_matches_reference(x, w.t(), "skinny_tma")
+    assert set(rings.values()) <= {96, 192}
+    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+        assert rings[(64, 4096, 4096)] == rings[(64, 4096, 14336)] == 192, rings
+        assert rings[(64, 14336, 4096)] == 96, rings

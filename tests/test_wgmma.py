@@ -6,16 +6,14 @@ cannot address falling back to rung 8. Streams,
 graph capture and devices are covered for every CUDA rung in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
-import json
-import os
 import re
-import tempfile
 
 import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import assert_matches_reference, capture_graph, gpu_available, kernel_sass
+from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
+                      launched_kernels)
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -117,18 +115,9 @@ SPLIT_SHAPES = [(256, 4096, 4096), (136, 264, 4104), (100, 1000, 4104)]
 
 
 def kernel_grids(run, name_part):
-    """The launch grids (x, y, z) of the kernels whose names contain name_part that run() launches,
-    from the profiler's trace."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as profile:
-        run()
-        torch.cuda.synchronize()
-    with tempfile.TemporaryDirectory() as directory:
-        path = os.path.join(directory, "trace.json")
-        profile.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    return [tuple(e["args"]["grid"]) for e in events
-            if e.get("cat") == "kernel" and name_part in e.get("name", "")]
+    """The launch grids (x, y, z) of the kernels that run() launches whose names contain
+    name_part."""
+    return [tuple(e["args"]["grid"]) for e in launched_kernels(run) if name_part in e["name"]]
 
 
 @needs_sm90

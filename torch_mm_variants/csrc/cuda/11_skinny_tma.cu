@@ -6,8 +6,9 @@
 // torch.mm's. Its fragments also live in registers, so more tokens leave room for fewer loads in
 // flight. Here:
 // - TMA streams the weight: one producer thread keeps a ring of stages in flight (each two boxes
-//   of 64 rows x 64 k, 16 KB of weight), two blocks per SM, with no registers held. The copy
-//   engine zero-fills rows past N and k past K, so tails need no code.
+//   of 64 rows x 64 k, 16 KB of weight), with no registers held: two blocks per SM, or one with
+//   a ring twice as deep where that spreads the weight more evenly over the SMs. The copy engine
+//   zero-fills rows past N and k past K, so tails need no code.
 // - wgmma multiplies them: w's 64 rows are the instruction's M, the tokens (M rounded up to
 //   8, 16, 32 or 64) its N, both operands K-major in 128-byte swizzled shared memory. At these
 //   sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream w
@@ -43,19 +44,23 @@ constexpr int kRows = 64;                // weight rows of a block: the wgmma M
 constexpr int BK = kTmaBoxInner;         // k of a box: one 128-byte swizzle row
 constexpr int kThreads = 128 + 32;       // the consumer warpgroup, then the producer warp
 constexpr int kMaxSplits = 8;  // the largest portable cluster
-// The ring's shape: boxes of 64 k per stage (more make longer runs of each weight row per
-// stage) and the shared memory of a block (96 KB: two blocks per SM). MM_VARIANTS_SKINNY_TMA,
-// predefined, overrides them for a sweep.
-#ifndef MM_VARIANTS_SKINNY_TMA  // BOXES, SMEM_KB
-#define MM_VARIANTS_SKINNY_TMA 2, 96
+// The ring's shape: boxes of 64 k per stage (more make longer runs of each weight row per stage)
+// and the shared memory of a block in its two sizes: 96 KB, two blocks per SM, or 192 KB, one
+// block per SM with a ring twice as deep. The host takes whichever leaves the least k for the
+// busiest SM to stream (plan() below). MM_VARIANTS_SKINNY_TMA, predefined, overrides them for a
+// sweep.
+#ifndef MM_VARIANTS_SKINNY_TMA  // BOXES, SHARED_SMEM_KB, ALONE_SMEM_KB
+#define MM_VARIANTS_SKINNY_TMA 2, 96, 192
 #endif
 constexpr int kShape[] = {MM_VARIANTS_SKINNY_TMA};
-constexpr int kSmemPerBlock = kShape[1] * 1024;
 
-// The stage ring for TOKENS columns of x (the wgmma N): per stage, kBoxes weight boxes of
-// 64 rows x 64 k and as many x boxes of TOKENS x 64 k, and as many stages as fit kSmemPerBlock.
-template <int TOKENS>
+// The stage ring for TOKENS columns of x (the wgmma N) in SMEM_KB of shared memory: per stage,
+// kBoxes weight boxes of 64 rows x 64 k and as many x boxes of TOKENS x 64 k, and as many stages
+// as fit.
+template <int TOKENS, int SMEM_KB>
 struct Ring {
+  static constexpr int kTokens = TOKENS;
+  static constexpr int kSmemPerBlock = SMEM_KB * 1024;
   static constexpr int kWBox = kRows * BK, kXBox = TOKENS * BK;  // elements
   // At least two stages of kBoxes boxes each must fit.
   static constexpr int kBoxes =
@@ -114,11 +119,11 @@ __device__ __forceinline__ void for_each_sum(const float (&d)[TOKENS / 2], const
 
 // The consumer warpgroup: multiplies `steps` stages as they land, freeing each slot at once, then
 // writes its sums to out (a whole K) or as the partial tile at `partial` (a split).
-template <typename T, int TOKENS>
+template <typename T, class R>
 __device__ __forceinline__ void consume(const uint16_t* w_tiles, const uint16_t* x_tiles,
                                         uint64_t* full, uint64_t* empty, int steps, T* out,
                                         float* partial, int M, int N, int n0) {
-  using R = Ring<TOKENS>;
+  constexpr int TOKENS = R::kTokens;
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   float d[TOKENS / 2];
   for (int i = 0; i < steps; ++i) {
@@ -176,13 +181,12 @@ __device__ void sum_cluster_partials(const float* partial, T* out, int M, int N,
 // Block (blockIdx.x, blockIdx.y): weight rows 64 bx .. 64 bx + 63 over k steps
 // by * steps_per_split onwards (the host makes every split non-empty). With more than one split,
 // the gridDim.y blocks of a column form one cluster, rank blockIdx.y.
-template <typename T, int TOKENS>
+template <typename T, class R>
 __global__ void __launch_bounds__(kThreads)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map, T* out, int M, int N, int K,
                       int steps_per_split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using R = Ring<TOKENS>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);  // swizzle atoms
@@ -208,7 +212,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
 
   if (threadIdx.x < 128) {
-    consume<T, TOKENS>(w_tiles, x_tiles, full, empty, steps, out, partial, M, N, n0);
+    consume<T, R>(w_tiles, x_tiles, full, empty, steps, out, partial, M, N, n0);
   } else if (threadIdx.x == 128) {
     produce<R>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps);
   }
@@ -221,9 +225,45 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+// A launch of the kernel with ring R: its K split, its grid, and the k that the busiest SM
+// streams (the block scheduler gives every SM a block before any gets a second). Streaming is
+// what takes the time, so that k is what the host compares between the two rings.
+struct Plan {
+  int per_split;
+  dim3 grid;
+  int64_t busiest_k;
+};
+
+template <typename T, class R>
+Plan plan(int64_t N, int64_t K, int sms) {
+  const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
+  const int per_split = steps_per_split(skinny_tma_kernel<T, R>, kThreads, R::kSmemBytes, 1,
+                                        row_blocks, k_steps, kMaxSplits, kMinStepsPerSplit);
+  const int64_t splits = ceil_div(k_steps, per_split);
+  return {per_split, dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits)),
+          ceil_div(row_blocks * splits, sms) * per_split * R::kStepK};
+}
+
+template <typename T, class R>
+void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor& out,
+            int64_t M, int64_t N, int64_t K) {
+  auto* kernel = skinny_tma_kernel<T, R>;
+  allow_dynamic_smem(kernel, R::kSmemBytes);
+  // With more than one split, each column of blocks is a cluster.
+  const ClusterLaunch cluster_launch(p.grid, dim3(1, p.grid.y), kThreads, R::kSmemBytes);
+  cluster_launch.run(kernel, w_map, x_map, static_cast<T*>(out.data_ptr()), static_cast<int>(M),
+             static_cast<int>(N), static_cast<int>(K), p.per_split);
+}
+
+// Two blocks per SM overlap one block's start and end with the other's streaming; one block per
+// SM with a deeper ring wins where the two-per-SM split leaves some SMs with two blocks and
+// others with one (64 tokens on a 4096 x 4096 weight: 3 splits of 64 row blocks, 192 blocks on
+// 132 SMs; alone, 2 splits put one block on each of 128 SMs, and the busiest SM streams a
+// quarter less).
 template <typename T, int TOKENS>
 void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
-  using R = Ring<TOKENS>;
+  using Shared = Ring<TOKENS, kShape[1]>;
+  using Alone = Ring<TOKENS, kShape[2]>;
   constexpr int kVec = 16 / sizeof(T);
   const int64_t M = x.data.size(0), K = x.data.size(1), N = w.data.size(0);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
@@ -232,18 +272,13 @@ void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor&
                                      N == 1 ? row_pitch : w.ld, kRows);
   const CUtensorMap x_map = tile_map(static_cast<const T*>(x.data.data_ptr()), K, M,
                                      M == 1 ? row_pitch : x.ld, TOKENS);
-
-  auto* kernel = skinny_tma_kernel<T, TOKENS>;
-  allow_dynamic_smem(kernel, R::kSmemBytes);
-  const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
-  const int per_split = steps_per_split(kernel, kThreads, R::kSmemBytes, 1, row_blocks, k_steps,
-                                        kMaxSplits, kMinStepsPerSplit);
-  const dim3 grid(static_cast<unsigned>(row_blocks),
-                  static_cast<unsigned>(ceil_div(k_steps, per_split)));
-  // With more than one split, each column of blocks is a cluster.
-  const ClusterLaunch launch(grid, dim3(1, grid.y), kThreads, R::kSmemBytes);
-  launch.run(kernel, w_map, x_map, static_cast<T*>(out.data_ptr()), static_cast<int>(M),
-             static_cast<int>(N), static_cast<int>(K), per_split);
+  const int sms = device_info_for(out.device())->multiProcessorCount;
+  const Plan shared = plan<T, Shared>(N, K, sms), alone = plan<T, Alone>(N, K, sms);
+  if (alone.busiest_k < shared.busiest_k) {
+    launch<T, Alone>(alone, w_map, x_map, out, M, N, K);
+  } else {
+    launch<T, Shared>(shared, w_map, x_map, out, M, N, K);
+  }
 }
 
 void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
