@@ -23,9 +23,11 @@
 //   SMs, which saves that launch and the round trip (15% of the time at 64 tokens on a
 //   4096 x 4096 weight). No atomics: the same bits on every run. Clusters stay inside one GPC,
 //   so the split count is the largest whose clusters all fit on the GPU at once.
-// Measured on an H200 it streams the weight at about 2.9 TB/s at every M up to 64, level with or
-// ahead of torch.mm. Up to 8 tokens rung 10's loads stream faster (about 3.1 TB/s), so `auto`
-// keeps rung 10 there (rung10_is_faster below).
+// Measured on an H200 (scripts/bench_skinny.py) it streams the large weights at 2.8-2.9 TB/s at
+// every M up to 64 with L2 cleared before each call, and at 3.5-3.8 TB/s back to back in a CUDA
+// graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's
+// loads stream faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there
+// (rung10_is_faster below).
 // Only fp16 and bf16 (float32 takes rung 10). TMA needs 16-byte aligned rows: an x that is not
 // gets copied (it is small), a w that is not takes rung 10's kernel.
 #include "cluster_launch.cuh"
