@@ -14,21 +14,25 @@
 namespace mm_variants::cuda {
 
 // The launch of `grid` blocks of `threads` threads with `smem_bytes` of dynamic shared memory on
-// the current stream, in clusters of `cluster` blocks. It points at its own cluster attribute,
-// so it is built in place and never copied.
+// the current stream, in clusters of `cluster` blocks. With `early_start` it is a programmatic
+// dependent launch: its blocks may start while the kernel before it on the stream finishes, and
+// must wait for that kernel (hopper::wait_for_previous_grid) before touching global memory. It
+// points at its own attributes, so it is built in place and never copied.
 class ClusterLaunch {
  public:
-  ClusterLaunch(dim3 grid, dim3 cluster, int threads, int smem_bytes) {
-    cluster_shape_.id = cudaLaunchAttributeClusterDimension;
-    cluster_shape_.val.clusterDim.x = cluster.x;
-    cluster_shape_.val.clusterDim.y = cluster.y;
-    cluster_shape_.val.clusterDim.z = cluster.z;
+  ClusterLaunch(dim3 grid, dim3 cluster, int threads, int smem_bytes, bool early_start = false) {
+    attributes_[0].id = cudaLaunchAttributeClusterDimension;
+    attributes_[0].val.clusterDim.x = cluster.x;
+    attributes_[0].val.clusterDim.y = cluster.y;
+    attributes_[0].val.clusterDim.z = cluster.z;
+    attributes_[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes_[1].val.programmaticStreamSerializationAllowed = 1;
     config_.gridDim = grid;
     config_.blockDim = dim3(threads);
     config_.dynamicSmemBytes = smem_bytes;
     config_.stream = c10::cuda::getCurrentCUDAStream();
-    config_.attrs = &cluster_shape_;
-    config_.numAttrs = 1;
+    config_.attrs = attributes_;
+    config_.numAttrs = early_start ? 2 : 1;
   }
   ClusterLaunch(const ClusterLaunch&) = delete;
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -42,7 +46,7 @@ class ClusterLaunch {
   }
 
  private:
-  cudaLaunchAttribute cluster_shape_ = {};
+  cudaLaunchAttribute attributes_[2] = {};  // the cluster shape, then early start
   cudaLaunchConfig_t config_ = {};
 };
 
