@@ -27,14 +27,14 @@
 //   and wait while the kernel before them on the stream finishes (hopper::wait_for_previous_grid
 //   comes before any global memory access), and each lets the next kernel start the same way.
 //   Back to back in a CUDA graph, as decode runs in serving engines, this hides part of the gap
-//   between calls (H200, 16-64 tokens): 4-6% faster on 4096 x 4096, 12-20% on 4096 x 1024, 1-2%
-//   on 4096 x 14336. Unsplit grids (14336 x 4096: 224 blocks, two on most SMs) launch as before:
-//   there the early start was 3-4% slower.
+//   between calls (H200, 16-64 tokens, two runs): 3-7% faster on 4096 x 4096, 12-20% on
+//   4096 x 1024, 0-2% on 4096 x 14336. Unsplit grids (14336 x 4096: 224 blocks, two on most
+//   SMs) launch as before: there the early start was 3-4% slower.
 // Measured on an H200 (scripts/bench_skinny.py) it streams the large weights at 2.8-2.9 TB/s at
 // every M up to 64 with L2 cleared before each call, and at 3.5-3.8 TB/s back to back in a CUDA
-// graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's
-// loads stream faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there
-// (rung10_is_faster below).
+// graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's loads stream
+// faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there (rung10_is_faster
+// below).
 // Only fp16 and bf16 (float32 takes rung 10). TMA needs 16-byte aligned rows: an x that is not
 // gets copied (it is small), a w that is not takes rung 10's kernel.
 #include "cluster_launch.cuh"
