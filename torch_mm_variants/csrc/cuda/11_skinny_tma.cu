@@ -267,7 +267,7 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, a
   const bool split = p.grid.y > 1;
   const ClusterLaunch cluster_launch(p.grid, dim3(1, p.grid.y), kThreads, R::kSmemBytes, split);
   cluster_launch.run(kernel, w_map, x_map, static_cast<T*>(out.data_ptr()), static_cast<int>(M),
-             static_cast<int>(N), static_cast<int>(K), p.per_split);
+                     static_cast<int>(N), static_cast<int>(K), p.per_split);
 }
 
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
