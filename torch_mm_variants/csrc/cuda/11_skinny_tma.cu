@@ -279,6 +279,7 @@ template <typename T, int TOKENS>
 void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
   using Shared = Ring<TOKENS, kShape[1]>;
   using Alone = Ring<TOKENS, kShape[2]>;
+  static_assert(Shared::kTokens == TOKENS && Alone::kTokens == TOKENS, "one x map serves both");
   constexpr int kVec = 16 / sizeof(T);
   const int64_t M = x.data.size(0), K = x.data.size(1), N = w.data.size(0);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
