@@ -356,9 +356,11 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   // of each load is the lane's swizzled column XOR a constant, and its row offset folds into the
   // instruction's address offset.
   const int a_row = L::kAK ? warp_m + j % 2 * 8 + r : (L::kALdmatrix ? j / 2 * 8 + r : tq);
-  const int a_col = L::kALdmatrix ? ((L::kAK ? j / 2 : j % 2) ^ r) * L::kChunk : gq + 8 * tq;
+  const int a_col = (L::kALdmatrix ? (L::kAK ? j / 2 : j % 2) * L::kChunk : gq) ^
+                    L::ASwizzle::mask(a_row) * L::kChunk;
   const int b_row = L::kBK ? warp_n + j / 2 * 8 + r : (L::kBLdmatrix ? j % 2 * 8 + r : tq);
-  const int b_col = L::kBLdmatrix ? ((L::kBK ? j % 2 : j / 2) ^ r) * L::kChunk : gq + 8 * tq;
+  const int b_col = (L::kBLdmatrix ? (L::kBK ? j % 2 : j / 2) * L::kChunk : gq) ^
+                    L::BSwizzle::mask(b_row) * L::kChunk;
   // Bytes from a stage's start to the lane's row and to the warp's first column.
   const uint32_t a_lane = (a_row * L::kAInner + (L::kAK ? 0 : warp_m)) * L::kElem;
   const uint32_t b_lane = (b_row * L::kBInner + (L::kBK ? 0 : warp_n)) * L::kElem;
