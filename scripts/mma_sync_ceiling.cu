@@ -98,9 +98,11 @@ __global__ void __launch_bounds__(256, 1) from_shared(float* sink, int iteration
   const uint32_t base = mma::smem_addr(stage);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, j = lane / 8, r = lane % 8;
   const int warp_m = warp % 2 * 64, warp_n = warp / 2 * 64;
-  // Rows are r modulo 8, so every load of a lane XORs its chunk with r (mma::Swizzle<true>).
-  const uint32_t a_lane = base + (warp_m + j % 2 * 8 + r) * kRow * 2, a_col = (j / 2 ^ r) * 8;
-  const uint32_t b_lane = base + (128 + warp_n + j / 2 * 8 + r) * kRow * 2, b_col = (j % 2 ^ r) * 8;
+  // Every row a lane reads is r modulo 8, so all its loads share the swizzle mask of row r.
+  using Swizzle = mma::Swizzle<true>;
+  const uint32_t a_lane = base + (warp_m + j % 2 * 8 + r) * kRow * 2;
+  const uint32_t b_lane = base + (128 + warp_n + j / 2 * 8 + r) * kRow * 2;
+  const uint32_t a_col = (j / 2 ^ Swizzle::mask(r)) * 8, b_col = (j % 2 ^ Swizzle::mask(r)) * 8;
   float acc[4][8][4] = {};
   uint32_t a[2][4][4], b[2][8][2];
   for (int it = 0; it < iterations; ++it) {
@@ -160,7 +162,6 @@ void report_registers_only(float* sink, int warps, int sms) {
   std::printf("| registers only%s | %d x %d | %d | %.1f |\n", kTf32 ? ", tf32 m16n8k8" : "",
               MT * 16, NT * 8, warps, tflops);
 }
-
 
 void report_from_shared(float* sink, bool barrier, int sms) {
   const int bytes = kStageElems * 2;
