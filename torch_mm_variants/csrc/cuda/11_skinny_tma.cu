@@ -13,6 +13,11 @@
 //   8, 16, 32 or 64) its N, both operands K-major in 128-byte swizzled shared memory. At these
 //   sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream w
 //   once, up to 64 tokens.
+// - x's boxes are exactly its M rows. The copy engine fills rows of a box past the tensor's end
+//   with zeros, but slowly: 40 tokens in boxes of 64 rows took 10% longer on 14336 x 4096 than
+//   in boxes that end inside the tensor (H200). The tile rows past M are then whatever the ring
+//   held; they only make output columns that are never stored (each token is its own column of
+//   wgmma's result).
 // - A block's x tile (tokens x k) is at most as large as its weight tile, so x adds at most as
 //   much L2 traffic as the weight.
 // - Blocks own 64 weight rows and a range of K. When N / 64 blocks cannot fill the GPU, K is
@@ -90,15 +95,18 @@ constexpr int kMinStepsPerSplit = 4;
   return hopper::smem_descriptor(tile + 16 * k16, 16, 1024);
 }
 
-// The producer thread: steps `steps` stages of k from `step0`, each once its slot is free.
+// The producer thread: steps `steps` stages of k from `step0`, each once its slot is free. x's
+// boxes hold its M rows only (the host sizes x's map so), the rest of their tiles is left as it
+// is (see the file's header); TMA counts the bytes it delivers, so M sets each stage's total.
 template <class R>
 __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
-                        int steps) {
+                        int steps, int M) {
+  const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * BK) * 2;
   for (int i = 0; i < steps; ++i) {
     const int s = i % R::kStages, k0 = (step0 + i) * R::kStepK;
     hopper::mbarrier_wait(&empty[s], ((i / R::kStages) & 1) ^ 1);
-    hopper::mbarrier_arrive_expect_tx(&full[s], R::kStageBytes);
+    hopper::mbarrier_arrive_expect_tx(&full[s], stage_bytes);
 #pragma unroll
     for (int b = 0; b < R::kBoxes; ++b) {
       hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k0 + b * BK, n0);
@@ -227,7 +235,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x < 128) {
     consume<T, R>(w_tiles, x_tiles, full, empty, steps, out, partial, M, N, n0);
   } else if (threadIdx.x == 128) {
-    produce<R>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps);
+    produce<R>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M);
   }
   if (partial != nullptr) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
@@ -286,8 +294,9 @@ void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor&
   const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
   const CUtensorMap w_map = tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
                                      N == 1 ? row_pitch : w.ld, kRows);
+  // x's boxes are its M rows, not the tile's TOKENS (see the file's header).
   const CUtensorMap x_map = tile_map(static_cast<const T*>(x.data.data_ptr()), K, M,
-                                     M == 1 ? row_pitch : x.ld, TOKENS);
+                                     M == 1 ? row_pitch : x.ld, static_cast<int>(M));
   const int sms = device_info_for(out.device())->multiProcessorCount;
   const Plan shared = plan<T, Shared>(N, K, sms), alone = plan<T, Alone>(N, K, sms);
   if (alone.busiest_k < shared.busiest_k) {
