@@ -69,8 +69,8 @@ constexpr int kMaxSplits = 8;  // the largest portable cluster
 constexpr int kShape[] = {MM_VARIANTS_SKINNY_TMA};
 
 // The stage ring for TOKENS columns of x (the wgmma N) in SMEM_KB of shared memory: per stage,
-// kBoxes weight boxes of 64 rows x 64 k and as many x boxes of TOKENS x 64 k, and as many stages
-// as fit.
+// kBoxes weight boxes of 64 rows x 64 k and as many x slots of TOKENS x 64 k (each filled by a
+// box of x's M rows), and as many stages as fit.
 template <int TOKENS, int SMEM_KB>
 struct Ring {
   static constexpr int kTokens = TOKENS;
