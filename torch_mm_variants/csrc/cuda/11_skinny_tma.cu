@@ -176,19 +176,27 @@ __device__ __forceinline__ void consume(const uint16_t* w_tiles, const uint16_t*
 }
 
 // Four sums of a token's consecutive weight rows, row `row` of the block's first, rounded to T and
-// stored: one 8-byte store where out's rows start 8-byte aligned (N % 4 == 0; out is allocated by
-// the op), else one element at a time, up to row N - 1.
+// stored one element at a time, up to row N - 1.
 template <typename T>
-__device__ __forceinline__ void store_four(float4 sum, T* out, int m, int N, int n0, int row) {
+__device__ __forceinline__ void store_four_elements(float4 sum, T* out, int m, int N, int n0,
+                                                    int row) {
   const float values[4] = {sum.x, sum.y, sum.z, sum.w};
   T* to = out + static_cast<int64_t>(m) * N + n0 + row;
+  for (int e = 0; e < 4 && n0 + row + e < N; ++e) to[e] = static_cast<T>(values[e]);
+}
+
+// The same in one 8-byte store where out's rows start 8-byte aligned (N % 4 == 0; out is
+// allocated by the op).
+template <typename T>
+__device__ __forceinline__ void store_four(float4 sum, T* out, int m, int N, int n0, int row) {
   if (N % 4 == 0 && n0 + row < N) {
+    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
     Vec<T, 4> v;
 #pragma unroll
     for (int e = 0; e < 4; ++e) v.v[e] = static_cast<T>(values[e]);
-    *reinterpret_cast<Vec<T, 4>*>(to) = v;
+    *reinterpret_cast<Vec<T, 4>*>(out + static_cast<int64_t>(m) * N + n0 + row) = v;
   } else {
-    for (int e = 0; e < 4 && n0 + row + e < N; ++e) to[e] = static_cast<T>(values[e]);
+    store_four_elements(sum, out, m, N, n0, row);
   }
 }
 
@@ -213,9 +221,7 @@ __device__ void sum_cluster_partials(const float* partial, T* out, int M, int N,
       const float4 v = hopper::ld_cluster_float4(run_at(i, s));
       sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
     }
-    const float values[4] = {sum.x, sum.y, sum.z, sum.w};
-    T* to = out + static_cast<int64_t>(i / kQuads) * N + n0 + i % kQuads * 4;
-    for (int e = 0; e < 4 && n0 + i % kQuads * 4 + e < N; ++e) to[e] = static_cast<T>(values[e]);
+    store_four_elements(sum, out, i / kQuads, N, n0, i % kQuads * 4);
     return;
   }
   // Several runs per thread: kBatch of them are loaded from a split before any is added, so that
@@ -338,7 +344,6 @@ template <typename T, int TOKENS>
 void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
   using Shared = Ring<TOKENS, kShape[1]>;
   using Alone = Ring<TOKENS, kShape[2]>;
-  static_assert(Shared::kTokens == TOKENS && Alone::kTokens == TOKENS, "one x map serves both");
   constexpr int kVec = 16 / sizeof(T);
   const int64_t M = x.data.size(0), K = x.data.size(1), N = w.data.size(0);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
