@@ -73,7 +73,9 @@ constexpr int kShape[] = {MM_VARIANTS_SKINNY_TMA};
 // box of x's M rows), and as many stages as fit.
 template <int TOKENS, int SMEM_KB>
 struct Ring {
-  static constexpr int kTokens = TOKENS;
+  // x's columns (the wgmma N). A function, not a constant: the compiler's passes that never read
+  // it (host, sm_80) would flag a constant as unused.
+  __host__ __device__ static constexpr int tokens() { return TOKENS; }
   static constexpr int kSmemPerBlock = SMEM_KB * 1024;
   static constexpr int kWBox = kRows * BK, kXBox = TOKENS * BK;  // elements
   // At least two stages of kBoxes boxes each must fit.
@@ -140,7 +142,7 @@ template <typename T, class R>
 __device__ __forceinline__ void consume(const uint16_t* w_tiles, const uint16_t* x_tiles,
                                         uint64_t* full, uint64_t* empty, int steps, T* out,
                                         float* partial, int M, int N, int n0) {
-  constexpr int TOKENS = R::kTokens;
+  constexpr int TOKENS = R::tokens();
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   float d[TOKENS / 2];
   for (int i = 0; i < steps; ++i) {
