@@ -95,6 +95,21 @@ def test_wide_tiles_without_a_cluster(a_layout, b_layout):
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_wider_tiles(dtype, a_layout, b_layout):
+    """Widths that divide into 320-column tiles in fewer waves than into 256-column ones (an
+    nn.Linear weight of about 14336 rows against 4096 tokens; on 132 SMs 11 waves of 128 x 320
+    tiles against 14 of 128 x 256) take the wider tile: two wgmmas per k16 step (N = 256 and 64),
+    B's five 64-column boxes split 3 / 2 between the pair, five store rounds over two staging
+    halves. K = 200 ends in a partial step; N = 14328 stores through TMA, N = 14333 directly."""
+    torch.manual_seed(0)
+    for n in (14328, 14333):
+        a, b = padded_view(4093, 200, a_layout, dtype), padded_view(200, n, b_layout, dtype)
+        assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_every_split_count(dtype, a_layout, b_layout):
     """Outputs with too few tiles to fill half the SMs split K (from K = 4096) over a thread-block
     cluster: 8 ways with one tile row (M = 100), 4 where pairs of blocks share B tiles (M = 129,

@@ -18,8 +18,8 @@
 //   producer loads the next tile's stages while the consumers store the previous one.
 // - Clusters: two blocks on neighbouring SMs take the two 128-row halves of a 256 x 256 tile and
 //   share its B tile: each copies half of it and TMA multicasts the half into both blocks' shared
-//   memory, so a block reads 32 KB of L2 per stage instead of 48. A stage is free again once the
-//   consumers of both blocks have read it.
+//   memory, so a block reads 32 KB of L2 per stage instead of 48 (with 128 x 320 tiles, 36 of 56).
+//   A stage is free again once the consumers of both blocks have read it.
 // - Split K for outputs too small to give half the SMs a tile, when K is long enough to repay it
 //   (e.g. 128 or 256 tokens against a 4096 x 4096 weight): each tile (or pair sharing B) is split
 //   over up to 8 blocks of a cluster, each a range of K. Each leaves its float sums in its own
@@ -29,10 +29,12 @@
 //   L2 traffic per multiply-add low, which is what bounds these small-M products.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
-// row of 16-bit elements, 48 KB a stage), or 128 x 128 with 6 stages where 256-wide tiles would
-// leave SMs idle. fp16 and bf16 only, float32 accumulation. The epilogue converts the
-// accumulators to the input dtype into a swizzled staging buffer and stores it with TMA, so the
-// consumers start the next tile while the copy engine writes the last one.
+// row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would
+// leave SMs idle; 128 x 320 with 3 stages (each k16 step a wgmma of N = 256 and one of N = 64)
+// where N divides into them with fewer waves of tiles, as on an nn.Linear weight of 14336 rows.
+// fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
+// dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
+// tile while the copy engine writes the last one.
 //
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
@@ -57,8 +59,8 @@ constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup com
 constexpr int kATile = BM * BK;                    // elements of A in one stage
 constexpr int kBox = kTmaBoxInner;                 // 128 bytes: the swizzle row
 [[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;  // a 64 x 64 box, 8 KB
-// The epilogue stages a consumer's tile in rounds of kStoreCols columns: 64 x 64 boxes, 8 KB.
-constexpr int kStoreCols = 128, kStaging = 64 * kStoreCols;
+// The epilogue stages a consumer's tile in a buffer of 64 rows x 128 columns (64 x 64 boxes).
+constexpr int kStaging = 64 * 128;
 static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 rows per consumer");
 
 // The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
@@ -70,17 +72,22 @@ struct TileShape {
   static constexpr int kBTile = BN * BK;                 // elements of B in one stage
   static constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
   static constexpr int kAccumulators = BN / 2;           // per consumer thread
+  // Columns per store round: the whole staging buffer, or half of it twice over (one half is
+  // filled while TMA reads the other) where BN is not a multiple of 128.
+  static constexpr int kStoreCols = BN % 128 == 0 ? 128 : 64;
+  static constexpr int kStoreBuffers = 128 / kStoreCols;
   static constexpr int kPartialPitch = BN + 8;           // floats per row of a split's sums
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
-  static_assert(BN % kStoreCols == 0 && kAccumulators <= 128 && kSmemBytes <= 227 * 1024,
+  static_assert(BN % kStoreCols == 0 && kAccumulators <= 160 && kSmemBytes <= 227 * 1024,
                 "fits one SM and its registers");
   static_assert(BM * kPartialPitch * 4 <= kStages * kStageBytes, "the partial tile fits the ring");
 };
 using WideTile = TileShape<256, 4>;
 using NarrowTile = TileShape<128, 6>;
+using WiderTile = TileShape<320, 3>;
 
-// Registers per thread after setmaxnreg: up to 128 accumulators plus addressing for the
+// Registers per thread after setmaxnreg: up to 160 accumulators plus addressing for the
 // consumers, the minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
 [[maybe_unused]] constexpr int kProducerRegs = 40, kConsumerRegs = 232;
 
@@ -176,10 +183,8 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
       if constexpr (kBK) {  // this block's BN / kCluster rows of the tile
         constexpr int kRows = S::BN / kCluster;
         load_b(b + rank * kRows * kBox, &full[s], k0, n0 + rank * kRows);
-      } else {  // this block's boxes of the tile
-#pragma unroll
-        for (int j = 0; j < S::BN / kBox / kCluster; ++j) {
-          const int box = j * kCluster + rank;
+      } else {  // this block's boxes of the tile: every kCluster-th from its rank
+        for (int box = rank; box < S::BN / kBox; box += kCluster) {
           load_b(b + box * kBox * kBox, &full[s], n0 + box * kBox, k0);
         }
       }
@@ -217,8 +222,8 @@ __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators],
   }
 }
 
-// The epilogue for the rest: the warpgroup writes kStoreCols columns of its accumulators into its
-// staging buffer, as 64 x 64 boxes with the 128-byte swizzle the copies use (conflict-free: the
+// The epilogue for the rest: the warpgroup writes S::kStoreCols columns of its accumulators into
+// its staging buffer, as 64 x 64 boxes with the 128-byte swizzle the copies use (conflict-free: the
 // 8 rows of a warp's store land in 8 different 16-byte chunks), and one thread hands the boxes to
 // TMA, which stores them (clipped at the matrix edges) while the warpgroup moves on. Before a
 // buffer is refilled, the stores that read it must have done so.
@@ -230,14 +235,24 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
   const bool issuer = threadIdx.x % 128 == 0;
   const int barrier = 1 + consumer;
+  constexpr int kStoreCols = S::kStoreCols;
 #pragma unroll
   for (int round = 0; round < S::BN / kStoreCols; ++round) {
-    if (issuer) hopper::tma_store_wait<true>();
+    // Round r fills buffer r % kStoreBuffers; the previous tile's rounds (their number may be
+    // odd) must all have been read before the first.
+    uint16_t* buffer = staging + round % S::kStoreBuffers * (64 * kStoreCols);
+    if (issuer) {
+      if (round == 0) {
+        hopper::tma_store_wait_read<0>();
+      } else {
+        hopper::tma_store_wait_read<S::kStoreBuffers - 1>();
+      }
+    }
     hopper::named_barrier_sync(barrier, 128);
 #pragma unroll
     for (int jj = 0; jj < kStoreCols / 8; ++jj) {
       const int j = round * (kStoreCols / 8) + jj;
-      uint8_t* box = reinterpret_cast<uint8_t*>(staging + jj / 8 * kBox * kBox);
+      uint8_t* box = reinterpret_cast<uint8_t*>(buffer + jj / 8 * kBox * kBox);
       const int col = col0 + round * kStoreCols + 8 * jj + 2 * (lane % 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -254,7 +269,7 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
     if (issuer) {
 #pragma unroll
       for (int b = 0; b < kStoreCols / kBox; ++b) {
-        hopper::tma_store_2d(c_map, staging + b * kBox * kBox, col0 + round * kStoreCols + b * kBox,
+        hopper::tma_store_2d(c_map, buffer + b * kBox * kBox, col0 + round * kStoreCols + b * kBox,
                              row0);
       }
       hopper::tma_store_commit();
@@ -327,8 +342,30 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, ClusterPlace place)
   }
 }
 
-// A consumer warpgroup: for each tile, 4 wgmmas per stage into its 64 rows, at most one group
-// in flight; a stage is handed back once the group that read it has completed.
+// acc (+)= a[64 x 16] b[16 x BN] for k16 step `k16` of a stage: one wgmma, or for BN > 256 (the
+// instruction's largest N) two, the first over B's first 256 columns. Their accumulators are
+// consecutive in acc as one wgmma's would be, and 256 columns are whole swizzle atoms (K-major B)
+// or whole 64-column boxes (N-major B).
+template <class S, bool kBf16, bool kAK, bool kBK>
+__device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], const uint16_t* a,
+                                              const uint16_t* b, int k16, bool accumulate) {
+  const uint64_t a_desc = step_descriptor<kAK>(a, k16);
+  if constexpr (S::BN <= 256) {
+    hopper::wgmma_m64k16<S::BN, kBf16, !kAK, !kBK>(acc, a_desc, step_descriptor<kBK>(b, k16),
+                                                    accumulate);
+  } else {
+    constexpr int kRest = S::BN - 256;
+    auto& first = *reinterpret_cast<float(*)[128]>(acc);
+    auto& rest = *reinterpret_cast<float(*)[kRest / 2]>(acc + 128);
+    hopper::wgmma_m64k16<256, kBf16, !kAK, !kBK>(first, a_desc, step_descriptor<kBK>(b, k16),
+                                                  accumulate);
+    hopper::wgmma_m64k16<kRest, kBf16, !kAK, !kBK>(
+        rest, a_desc, step_descriptor<kBK>(b + 256 * kBox, k16), accumulate);
+  }
+}
+
+// A consumer warpgroup: for each tile, BK / 16 multiply steps per stage into its 64 rows, at most
+// one group in flight; a stage is handed back once the group that read it has completed.
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
                         uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, const Epi& epi,
@@ -350,9 +387,7 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
       hopper::wgmma_fence();
 #pragma unroll
       for (int k16 = 0; k16 < BK / 16; ++k16) {
-        hopper::wgmma_m64k16<S::BN, kBf16, !kAK, !kBK>(acc, step_descriptor<kAK>(a, k16),
-                                                        step_descriptor<kBK>(b, k16),
-                                                        ks > steps.begin || k16 > 0);
+        multiply_step<S, kBf16, kAK, kBK>(acc, a, b, k16, ks > steps.begin || k16 > 0);
       }
       hopper::wgmma_commit();
       hopper::wgmma_wait<1>();
@@ -375,7 +410,7 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     }
   }
   // Shared memory must outlive the stores that read it.
-  if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait<false>();
+  if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait_all();
 }
 
 // kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast. With
@@ -479,6 +514,7 @@ constexpr auto kernel_for() {
 // clusters of kCluster x splits blocks.
 template <class S, int kCluster, class G, class Epi>
 void launch(const G& g, const Epi& epi, int steps_per_split) {
+  static_assert(S::BN / kCluster <= 256, "a K-major B share is one TMA box of at most 256 rows");
   using T = typename G::scalar;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
   const CUtensorMap b_map = operand_map(g.b, g.N, g.K, S::BN / kCluster);
@@ -534,26 +570,35 @@ void launch_tiles(const G& g, const Epi& epi) {
   }
 }
 
+// Full waves of `tiles` equal tiles, one per SM.
+int64_t waves(int64_t tiles, int sms) { return (tiles + sms - 1) / sms; }
+
 // The share of the SMs' time that `tiles` equal tiles keep busy, run in waves of one per SM.
 double wave_efficiency(int64_t tiles, int sms) {
-  const int64_t waves = (tiles + sms - 1) / sms;
-  return static_cast<double>(tiles) / static_cast<double>(waves * sms);
+  return static_cast<double>(tiles) / static_cast<double>(waves(tiles, sms) * sms);
 }
 
 // Outputs that leave at least half the SMs without a wide tile split K over clusters, in wide
 // tiles: they read the least L2 per multiply-add, which is what bounds small-M products.
 // Otherwise wide tiles, unless narrow ones fill the SMs enough better to make up for reading more
-// of L2 per multiply-add (taken as a tenth of their speed).
+// of L2 per multiply-add (taken as a tenth of their speed), or wider ones (128 x 320, pairs only)
+// take less SM time in whole waves: they read a tenth less L2 per multiply-add than wide ones,
+// which gained 2-4% on 4096 x 14336 x 4096 (H200), but 4096 columns make 12.8 of them a row, and
+// on 4096^3 the rows' 13th tiles cost a fifth wave.
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   const bool split = g.M > BM ? launch_split<WideTile, 2>(g, epi, sms)
                               : launch_split<WideTile, 1>(g, epi, sms);
   if (split) return;
-  const double wide = wave_efficiency(tile_count<WideTile>(g.M, g.N), sms);
+  const int64_t wide_tiles = tile_count<WideTile>(g.M, g.N);
+  const double wide = wave_efficiency(wide_tiles, sms);
   const double narrow = wave_efficiency(tile_count<NarrowTile>(g.M, g.N), sms);
+  const int64_t wider_time = waves(tile_count<WiderTile>(g.M, g.N), sms) * WiderTile::BN;
   if (0.9 * narrow > wide) {
     launch_tiles<NarrowTile>(g, epi);
+  } else if (g.M > BM && wider_time < waves(wide_tiles, sms) * WideTile::BN) {
+    launch<WiderTile, 2>(g, epi, static_cast<int>(ceil_div(g.K, BK)));
   } else {
     launch_tiles<WideTile>(g, epi);
   }

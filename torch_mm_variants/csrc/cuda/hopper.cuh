@@ -156,15 +156,16 @@ __device__ __forceinline__ void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }
 
-// Waits until the issuing thread's stores have finished reading shared memory (kRead) or have
-// completed entirely.
-template <bool kRead>
-__device__ __forceinline__ void tma_store_wait() {
-  if constexpr (kRead) {
-    asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-  } else {
-    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
-  }
+// Waits until all but the kPending most recent of the issuing thread's store groups have
+// finished reading shared memory, so that their buffers may be refilled.
+template <int kPending>
+__device__ __forceinline__ void tma_store_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Waits until the issuing thread's stores have completed entirely.
+__device__ __forceinline__ void tma_store_wait_all() {
+  asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
 }
 
 // Makes this thread's ordinary shared-memory writes visible to the copy engine.
