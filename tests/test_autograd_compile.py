@@ -16,7 +16,8 @@ def test_gradcheck_float64(algorithm, layout):
     b = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
     if layout == "transposed":
         b = torch.randn(3, 5, dtype=torch.float64).t().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, y: mmv.matmul(x, y, algorithm), (a, b))
+    assert torch.autograd.gradcheck(lambda x, y: mmv.matmul(x, y, algorithm), (a, b),
+                                    check_forward_ad=True)
     assert torch.autograd.gradgradcheck(lambda x, y: mmv.matmul(x, y, algorithm), (a, b))
 
 
@@ -31,6 +32,31 @@ def test_gradients_match_torch(device):
     ((a @ w.t()) ** 2).sum().backward()
     assert relative_error(ga, a.grad.double()) < 1e-5
     assert relative_error(gw, w.grad.double()) < 1e-5
+
+
+@pytest.mark.parametrize("device", devices())
+def test_forward_mode_matches_torch(device):
+    """torch.func.jvp and jacfwd: the op attaches d(a @ b) = da @ b + a @ db (and linear's and
+    bmm's tangents) to its output, as torch.mm does, instead of an output without a tangent."""
+    torch.manual_seed(0)
+    a, b = torch.randn(9, 6, device=device), torch.randn(6, 5, device=device)
+    da, db = torch.randn_like(a), torch.randn_like(b)
+    _, ours = torch.func.jvp(mmv.matmul, (a, b), (da, db))
+    _, theirs = torch.func.jvp(torch.mm, (a, b), (da, db))
+    assert relative_error(ours, theirs.double()) < 1e-5
+    jac = torch.func.jacfwd(lambda x: mmv.matmul(x, b))(a)
+    assert relative_error(jac, torch.func.jacfwd(lambda x: x @ b)(a).double()) < 1e-5
+    x, w = torch.randn(2, 3, 6, device=device), torch.randn(4, 6, device=device)
+    bias = torch.randn(4, device=device)
+    tangents = tuple(torch.randn_like(t) for t in (x, w, bias))
+    _, ours = torch.func.jvp(lambda *p: mmv.linear(*p, activation="gelu"), (x, w, bias), tangents)
+    _, theirs = torch.func.jvp(lambda *p: nn.functional.gelu(nn.functional.linear(*p)),
+                               (x, w, bias), tangents)
+    assert relative_error(ours, theirs.double()) < 1e-5
+    batch = torch.randn(3, 9, 6, device=device)
+    _, ours = torch.func.jvp(mmv.matmul, (batch, b), (torch.ones_like(batch), db))
+    _, theirs = torch.func.jvp(torch.matmul, (batch, b), (torch.ones_like(batch), db))
+    assert relative_error(ours, theirs.double()) < 1e-5
 
 
 def test_only_needed_gradients():

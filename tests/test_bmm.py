@@ -115,7 +115,7 @@ def test_gradcheck(shared):
     a = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
     b = torch.randn(*(() if shared else (3,)), 5, 2, dtype=torch.float64, requires_grad=True)
     fn = lambda a, b: mmv.matmul(a, b, "parallel")  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (a, b))
+    assert torch.autograd.gradcheck(fn, (a, b), check_forward_ad=True)
     assert torch.autograd.gradgradcheck(fn, (a, b))
 
 

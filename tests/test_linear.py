@@ -135,7 +135,7 @@ def test_gradcheck(activation, algorithm):
     w = torch.randn(4, 5, dtype=torch.float64, requires_grad=True)
     b = torch.randn(4, dtype=torch.float64, requires_grad=True)
     fn = lambda x, w, b: mmv.linear(x, w, b, activation, algorithm)  # noqa: E731
-    assert torch.autograd.gradcheck(fn, (x, w, b))
+    assert torch.autograd.gradcheck(fn, (x, w, b), check_forward_ad=True)
     assert torch.autograd.gradgradcheck(fn, (x, w, b))
 
 

@@ -132,6 +132,26 @@ def test_more_than_64_rows_is_refused(algorithm):
     assert mmv.matmul(a[:64], b, algorithm).shape == (64, 16)
 
 
+@pytest.mark.parametrize("algorithm", skinny_algorithms())
+def test_training_through_a_skinny_linear(algorithm):
+    """A decode-sized Linear run by a skinny rung trains: the gradient products it refuses (the
+    weight's has out_features rows) run on `auto`, the rest on the rung itself."""
+    torch.manual_seed(0)
+    layer = mmv.Linear(256, 192, algorithm=algorithm, device="cuda", dtype=torch.bfloat16)
+    reference = torch.nn.Linear(256, 192, device="cuda", dtype=torch.float64)
+    with torch.no_grad():
+        reference.weight.copy_(layer.weight)
+        reference.bias.copy_(layer.bias)
+    x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    x64 = x.detach().double().requires_grad_()
+    grad = torch.randn(8, 192, device="cuda", dtype=torch.bfloat16)
+    layer(x).backward(grad)
+    reference(x64).backward(grad.double())
+    for ours, theirs in [(x.grad, x64.grad), (layer.weight.grad, reference.weight.grad),
+                         (layer.bias.grad, reference.bias.grad)]:
+        assert (ours.double() - theirs).norm() / theirs.norm() < 1e-2
+
+
 @pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
 def test_tma_kernels_use_tma_and_wgmma():
     """skinny_tma streams the weight with TMA (UTMALDG), multiplies with HGMMA and keeps its

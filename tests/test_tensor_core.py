@@ -44,6 +44,20 @@ def test_float32_refused_without_tf32(tf32_settings):
         mmv.matmul(a, b, ALGORITHM)
 
 
+def test_backward_after_tf32_is_switched_off(tf32_settings):
+    """Gradients computed after TF32 was switched off run on `auto` (full float32), not into the
+    refusal above."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    a, b = (t.requires_grad_() for t in float32_inputs())
+    out = mmv.matmul(a, b, ALGORITHM)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    assert relative_error(a.grad, grad.double() @ b.double().t()) < 1e-5
+    assert relative_error(b.grad, a.double().t() @ grad.double()) < 1e-5
+
+
 @pytest.mark.parametrize("enable", ["allow_tf32", "precision_high", "precision_medium"])
 def test_float32_runs_in_tf32_when_allowed(tf32_settings, enable):
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -7,7 +7,13 @@
 // torch::autograd::Function node. The backward formulas call the ops themselves, so they run on
 // the same algorithm, read transposed views in place, and are differentiable again (double
 // backward). torch.compile traces them like any other op's; the fake kernels stay in ops.py.
+//
+// Forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is handled here too: a
+// custom Function node carries no tangent, so when an input has one, the kernel computes the
+// output's tangent with the same ops (the product rule) and attaches it, as PyTorch's own
+// kernels do for their forward-mode formulas.
 #include "epilogue.h"
+#include "matmul.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -15,6 +21,7 @@
 #include <torch/library.h>
 
 #include <string>
+#include <vector>
 
 namespace mm_variants {
 namespace {
@@ -60,6 +67,42 @@ bool records_gradient(std::initializer_list<at::Tensor> inputs) {
   return false;
 }
 
+// Forward-mode AD works on level 0 (functorch's transforms map their levels onto it), as in
+// PyTorch's generated kernels.
+constexpr uint64_t kForwardLevel = 0;
+
+// t's tangent, undefined when it has none.
+at::Tensor tangent_of(const at::Tensor& t) {
+  return t.defined() ? t._fw_grad(kForwardLevel) : at::Tensor();
+}
+
+bool has_tangent(std::initializer_list<at::Tensor> inputs) {
+  for (const at::Tensor& t : inputs) {
+    if (tangent_of(t).defined()) return true;
+  }
+  return false;
+}
+
+// t without its tangent, for computing tangents from primal values only.
+at::Tensor primal_of(const at::Tensor& t) {
+  return t.defined() ? t._fw_primal(kForwardLevel) : at::Tensor();
+}
+
+// The sum of the defined terms, undefined if none is.
+at::Tensor sum_defined(std::initializer_list<at::Tensor> terms) {
+  at::Tensor sum;
+  for (const at::Tensor& t : terms) {
+    if (t.defined()) sum = sum.defined() ? sum + t : t;
+  }
+  return sum;
+}
+
+// Attaches `tangent` to `out` (a fresh output of the op).
+at::Tensor with_tangent(at::Tensor out, const at::Tensor& tangent) {
+  if (tangent.defined()) out._set_fw_grad(tangent, kForwardLevel, /*is_inplace_op=*/false);
+  return out;
+}
+
 // [..., C] -> [rows, C] (also when C or the row count is 0, where reshape(-1, C) fails).
 at::Tensor as_rows(const at::Tensor& t) { return t.dim() > 1 ? t.flatten(0, -2) : t.unsqueeze(0); }
 
@@ -88,6 +131,17 @@ at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activa
   }
 }
 
+// The algorithm for a gradient's product lhs @ rhs (2-D, or batches of them): the forward's,
+// unless it refuses these operands, then auto. A named algorithm's gradients have other shapes
+// than its forward (skinny takes at most 64 rows; the weight gradient of a Linear it runs has
+// out_features rows), and TF32 may have been switched off since the forward pass.
+std::string gradient_algorithm(const std::string& algorithm, const at::Tensor& lhs,
+                               const at::Tensor& rhs) {
+  if (algorithm == "auto" || lhs.numel() == 0 || rhs.numel() == 0) return algorithm;
+  const at::Tensor l = lhs.dim() == 3 ? lhs[0] : lhs, r = rhs.dim() == 3 ? rhs[0] : rhs;
+  return std::get<0>(algorithm_accepts(algorithm, l, r)) ? algorithm : "auto";
+}
+
 // The two products, matmul and bmm: (a, b, algorithm) -> a @ b.
 using Product = at::Tensor (*)(const at::Tensor&, const at::Tensor&, c10::string_view);
 
@@ -100,6 +154,12 @@ at::Tensor product_forward(AutogradContext* ctx, Product product, const at::Tens
                           a.requires_grad() ? b : at::Tensor()});
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return product(a, b, algorithm);
+}
+
+// lhs @ rhs through `product`, on the forward's algorithm where it takes them.
+at::Tensor gradient_product(Product product, const at::Tensor& lhs, const at::Tensor& rhs,
+                            const std::string& algorithm) {
+  return product(lhs, rhs, gradient_algorithm(algorithm, lhs, rhs));
 }
 
 // What a product's node saved.
@@ -123,8 +183,8 @@ struct MatmulFunction : torch::autograd::Function<MatmulFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [a, b, algorithm] = saved_product(ctx);
     at::Tensor grad_a, grad_b;
-    if (ctx->needs_input_grad(0)) grad_a = matmul_op(grads[0], b.t(), algorithm);
-    if (ctx->needs_input_grad(1)) grad_b = matmul_op(a.t(), grads[0], algorithm);
+    if (ctx->needs_input_grad(0)) grad_a = gradient_product(matmul_op, grads[0], b.t(), algorithm);
+    if (ctx->needs_input_grad(1)) grad_b = gradient_product(matmul_op, a.t(), grads[0], algorithm);
     return {grad_a, grad_b, at::Tensor()};
   }
 };
@@ -158,9 +218,11 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     }
     at::Tensor grad_x, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      grad_x = matmul_op(grad_rows, weight, algorithm).reshape(x.sizes());
+      grad_x = gradient_product(matmul_op, grad_rows, weight, algorithm).reshape(x.sizes());
     }
-    if (ctx->needs_input_grad(1)) grad_weight = matmul_op(grad_rows.t(), rows, algorithm);
+    if (ctx->needs_input_grad(1)) {
+      grad_weight = gradient_product(matmul_op, grad_rows.t(), rows, algorithm);
+    }
     if (bias.defined() && ctx->needs_input_grad(2)) grad_bias = grad_rows.sum(0);
     return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
   }
@@ -177,26 +239,62 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
     const at::Tensor& grad = grads[0];
     at::Tensor grad_a, grad_b;
     if (ctx->needs_input_grad(0)) {  // grad @ b^T, per entry (b^T shared when b is)
-      grad_a = bmm_op(grad, b.transpose(-1, -2), algorithm);
+      grad_a = gradient_product(bmm_op, grad, b.transpose(-1, -2), algorithm);
     }
     if (ctx->needs_input_grad(1)) {
       // a^T @ grad per entry; a shared b gathers the gradient of every entry: one product over
       // all rows.
-      grad_b = b.dim() == 3 ? bmm_op(a.transpose(1, 2), grad, algorithm)
-                            : matmul_op(as_rows(a).t(), as_rows(grad), algorithm);
+      grad_b = b.dim() == 3 ? gradient_product(bmm_op, a.transpose(1, 2), grad, algorithm)
+                            : gradient_product(matmul_op, as_rows(a).t(), as_rows(grad), algorithm);
     }
     return {grad_a, grad_b, at::Tensor()};
   }
 };
 
 // A product's Autograd kernel: a node of Function when a gradient is to be recorded, else the
-// product below autograd.
+// product below autograd; with tangents, d(a @ b) = da @ b + a @ db attached.
 template <class Function>
 at::Tensor product_autograd(Product product, const at::Tensor& a, const at::Tensor& b,
                             c10::string_view algorithm) {
-  if (records_gradient({a, b})) return Function::apply(a, b, std::string(algorithm));
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return product(a, b, algorithm);
+  at::Tensor out;
+  if (records_gradient({a, b})) {
+    out = Function::apply(a, b, std::string(algorithm));
+  } else {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    out = product(a, b, algorithm);
+  }
+  if (!has_tangent({a, b})) return out;
+  const at::Tensor da = tangent_of(a), db = tangent_of(b);
+  return with_tangent(out, sum_defined({da.defined() ? product(da, primal_of(b), algorithm)
+                                                     : at::Tensor(),
+                                        db.defined() ? product(primal_of(a), db, algorithm)
+                                                     : at::Tensor()}));
+}
+
+// d act(x w^T + bias) = act'(pre) * (dx w^T + x dw^T + dbias), from primal values.
+at::Tensor linear_tangent(const at::Tensor& x_dual, const at::Tensor& weight_dual,
+                          const at::Tensor& bias_dual, c10::string_view activation,
+                          c10::string_view algorithm) {
+  const at::Tensor x = primal_of(x_dual), weight = primal_of(weight_dual);
+  const at::Tensor dx = tangent_of(x_dual), dweight = tangent_of(weight_dual);
+  const at::Tensor dbias = tangent_of(bias_dual);
+  at::Tensor dpre = sum_defined(
+      {dx.defined() ? linear_op(dx, weight, c10::nullopt, "none", algorithm) : at::Tensor(),
+       dweight.defined() ? linear_op(x, dweight, c10::nullopt, "none", algorithm) : at::Tensor(),
+       dbias});
+  if (!dpre.defined()) return dpre;
+  if (!dx.defined() && !dweight.defined()) {  // a bias tangent alone: broadcast to the output
+    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end() - 1);
+    out_sizes.push_back(weight.size(0));
+    dpre = dpre.expand(out_sizes).contiguous();
+  }
+  const Activation act = parse_activation(activation);
+  if (act == Activation::kNone) return dpre;
+  const at::Tensor bias = primal_of(bias_dual);
+  const at::Tensor pre = linear_op(
+      x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, "none",
+      algorithm);
+  return activation_grad(dpre, pre, act);
 }
 
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
@@ -206,11 +304,16 @@ at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
                            const c10::optional<at::Tensor>& bias, c10::string_view activation,
                            c10::string_view algorithm) {
-  if (records_gradient({x, weight, bias.value_or(at::Tensor())})) {
-    return LinearFunction::apply(x, weight, bias, std::string(activation), std::string(algorithm));
+  const at::Tensor bias_or_none = bias.value_or(at::Tensor());
+  at::Tensor out;
+  if (records_gradient({x, weight, bias_or_none})) {
+    out = LinearFunction::apply(x, weight, bias, std::string(activation), std::string(algorithm));
+  } else {
+    const at::AutoDispatchBelowADInplaceOrView below_autograd;
+    out = linear_op(x, weight, bias, activation, algorithm);
   }
-  const at::AutoDispatchBelowADInplaceOrView below_autograd;
-  return linear_op(x, weight, bias, activation, algorithm);
+  if (!has_tangent({x, weight, bias_or_none})) return out;
+  return with_tangent(out, linear_tangent(x, weight, bias_or_none, activation, algorithm));
 }
 
 at::Tensor bmm_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {

@@ -103,7 +103,6 @@ std::vector<std::string> algorithm_dtypes(const std::string& device, const std::
   return dtypes;
 }
 
-// Whether algorithm `name` takes these (valid) inputs, and if not, the reason it gives.
 std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const at::Tensor& a,
                                                 const at::Tensor& b) {
   check_inputs(a, b);

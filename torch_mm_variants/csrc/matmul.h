@@ -6,6 +6,9 @@
 
 #include <c10/util/string_view.h>
 
+#include <string>
+#include <tuple>
+
 namespace mm_variants {
 
 // Validates the inputs (with torch.mm-style messages), resolves `algorithm` (including "auto")
@@ -15,6 +18,10 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view alg
 // The validation and algorithm choice of matmul, for ops built on it (linear.cpp).
 const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
                                    c10::string_view algorithm);
+
+// Whether algorithm `name` takes these valid inputs, and if not, the reason it gives.
+std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const at::Tensor& a,
+                                                const at::Tensor& b);
 
 // A fresh [m, n] output (NaN-filled when output poisoning is on, for the tests).
 at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options);
