@@ -46,6 +46,17 @@ def test_measured_mode_measures_once_and_saves(measured_mode):
     assert_matches_reference(a, b, "auto")
 
 
+def test_measured_mode_leaves_empty_products_to_the_heuristic(measured_mode):
+    """A product with a zero dimension launches no kernel, so there is nothing to time, and it
+    must not file a choice under the bucket that real one-row calls share."""
+    for (m, k, n) in [(0, 30, 20), (5, 0, 20), (5, 30, 0)]:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        assert mmv.explain_auto(a, b)["reason"] == "heuristic"
+        assert torch.equal(mmv.matmul(a, b), torch.zeros(a.shape[0], b.shape[1]))
+    assert not measured_mode.exists()
+    assert mmv.explain_auto(torch.randn(1, 30), torch.randn(30, 20))["reason"] == "measured"
+
+
 def test_saved_choices_are_reused_by_a_new_process(measured_mode):
     a, b = torch.randn(20, 20), torch.randn(20, 20)
     chosen = mmv.explain_auto(a, b)

@@ -165,6 +165,31 @@ def test_swap_linear_keeps_weights_and_output():
     assert weight.grad is not None
 
 
+def test_swap_linear_keeps_hooks_and_leaves_subclasses_alone():
+    """A swapped layer is the same module with the same hooks; a subclass of nn.Linear (its own
+    forward) and a weight-normed layer (a computed weight) keep running as they did."""
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 10
+
+    torch.manual_seed(0)
+    plain, scaled = nn.Linear(6, 6), Scaled(6, 6)
+    normed = nn.utils.parametrizations.weight_norm(nn.Linear(6, 3))
+    model = nn.Sequential(plain, scaled, normed)
+    calls = []
+    plain.register_forward_hook(lambda module, inputs, output: calls.append(output.shape))
+    x = torch.randn(4, 6)
+    expected = model(x)
+    assert mmv.swap_linear(model, algorithm="parallel") is model
+    assert model[0] is plain and type(plain) is mmv.Linear and plain.algorithm == "parallel"
+    assert type(scaled) is Scaled and not isinstance(scaled, mmv.Linear)
+    assert not isinstance(normed, mmv.Linear)
+    assert relative_error(model(x), expected.double()) < 1e-6
+    assert calls == [torch.Size([4, 6])] * 2
+    top = nn.Linear(6, 2)
+    assert type(mmv.swap_linear(top)) is mmv.Linear
+
+
 @pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
 def test_linear_on_gpu_16_bit():
     layer = mmv.Linear(64, 48, device="cuda", dtype=torch.bfloat16)

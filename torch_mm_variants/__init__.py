@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
-from . import ops  # noqa: F401  (registers the fake kernel and the autograd formula)
+from . import ops  # noqa: F401  (registers the fake kernels; the gradients are C++'s)
 from .nn import Linear, swap_linear
 from .version import __version__
 from .tuning import explain_auto, set_autotune
@@ -38,8 +38,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     """activation(x @ weight.t() + bias) for x [..., K] and an nn.Linear weight [N, K].
 
     activation: "none", "relu", "gelu" (erf), "gelu_tanh" or "silu". Kernels that can fuse the
-    bias and activation into their store do (the CPU's simd_packed and parallel); elsewhere
-    they are applied to the fresh output in place. Differentiable and traceable like matmul.
+    bias and activation into their store do (the CPU's simd_packed and parallel, the GPU's
+    tensor_core for x @ weight.t(), and wgmma there for a bias and relu); elsewhere they are
+    applied to the fresh output in place. Differentiable and traceable like matmul.
     """
     return torch.ops.mm_variants.linear(x, weight, bias, activation, algorithm)
 

@@ -42,11 +42,16 @@ class Linear(nn.Linear):
 
 
 def swap_linear(model: nn.Module, algorithm: str = "auto") -> nn.Module:
-    """Replaces, in place, every nn.Linear of `model` (at any depth) by a torch_mm_variants.Linear
-    that shares its weights, and returns the model."""
-    for name, child in model.named_children():
-        if isinstance(child, nn.Linear) and not isinstance(child, Linear):
-            setattr(model, name, Linear.from_linear(child, algorithm))
-        else:
-            swap_linear(child, algorithm)
+    """Turns, in place, every plain nn.Linear of `model` (at any depth, `model` itself included)
+    into a torch_mm_variants.Linear, and returns the model.
+
+    Each layer stays the same module object: its parameters (shared, not copied), buffers, hooks
+    and state dict keys are kept; only its forward now runs through mm_variants::linear.
+    Subclasses of nn.Linear, which may define their own forward, and parametrized layers (e.g.
+    weight_norm, whose weight is computed on every call) are left as they are.
+    """
+    for module in model.modules():
+        if type(module) is nn.Linear:
+            module.__class__ = Linear
+            module.algorithm, module.activation = algorithm, "none"
     return model

@@ -140,6 +140,9 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b) {
   const auto tuner = s.tuners.find(a.device().type());
   if (tuner == s.tuners.end()) return heuristic;
   heuristic.bucket = bucket_key(a, b, tuner->second.device_name(a.device()));
+  // An empty product launches no kernel: nothing to measure (a GPU kernel cannot even be launched
+  // on it), and its time would be filed under the bucket of real one-row calls.
+  if (a.numel() == 0 || b.numel() == 0) return heuristic;
 
   const auto cached = s.entries.find(heuristic.bucket);
   if (cached != s.entries.end()) {
