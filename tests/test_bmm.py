@@ -108,6 +108,13 @@ def test_errors():
         mmv.matmul(torch.randn(2, 3, 4), torch.randn(2, 5, 6))
     with pytest.raises(RuntimeError, match=r"b must be \[B, K, N\] or a shared \[K, N\], got a 1-D"):
         mmv.matmul(torch.randn(2, 3, 4), torch.randn(4))
+    # An empty batch runs nothing but is checked as any other.
+    with pytest.raises(RuntimeError, match="same dtype"):
+        mmv.matmul(torch.randn(0, 3, 4), torch.randn(0, 4, 5, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match="unsupported dtype Long"):
+        mmv.matmul(torch.zeros(0, 3, 4, dtype=torch.int64), torch.zeros(0, 4, 5, dtype=torch.int64))
+    with pytest.raises(RuntimeError, match="unknown algorithm 'bogus'"):
+        mmv.matmul(torch.randn(0, 3, 4), torch.randn(0, 4, 5), "bogus")
 
 
 @pytest.mark.parametrize("shared", [False, True])

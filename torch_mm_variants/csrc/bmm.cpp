@@ -34,7 +34,11 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algori
   const c10::OptionalDeviceGuard guard(a.device());
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(-1);
   const auto b_of = [&](int64_t i) { return b.dim() == 3 ? b.select(0, i) : b; };
-  if (batch == 0) return at::empty({0, m, n}, a.options());
+  if (batch == 0) {
+    // Nothing to run, but the checks of any other batch: dtypes, devices, the algorithm's name.
+    resolve_algorithm(a.new_empty({0, k}), b.new_empty({k, 0}), algorithm);
+    return at::empty({0, m, n}, a.options());
+  }
   const Algorithm& chosen = resolve_algorithm(a.select(0, 0), b_of(0), algorithm);
   if (m == 0 || n == 0 || k == 0) return at::zeros({batch, m, n}, a.options());
 
