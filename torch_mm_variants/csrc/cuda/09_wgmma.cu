@@ -75,7 +75,7 @@ struct TileShape {
   // Columns per store round: the whole staging buffer, or half of it twice over (one half is
   // filled while TMA reads the other) where BN is not a multiple of 128.
   static constexpr int kStoreCols = BN % 128 == 0 ? 128 : 64;
-  static constexpr int kStoreBuffers = 128 / kStoreCols;
+  __host__ __device__ static constexpr int store_buffers() { return 128 / kStoreCols; }
   static constexpr int kPartialPitch = BN + 8;           // floats per row of a split's sums
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
@@ -238,14 +238,14 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
   constexpr int kStoreCols = S::kStoreCols;
 #pragma unroll
   for (int round = 0; round < S::BN / kStoreCols; ++round) {
-    // Round r fills buffer r % kStoreBuffers; the previous tile's rounds (their number may be
+    // Round r fills buffer r % store_buffers(); the previous tile's rounds (their number may be
     // odd) must all have been read before the first.
-    uint16_t* buffer = staging + round % S::kStoreBuffers * (64 * kStoreCols);
+    uint16_t* buffer = staging + round % S::store_buffers() * (64 * kStoreCols);
     if (issuer) {
       if (round == 0) {
         hopper::tma_store_wait_read<0>();
       } else {
-        hopper::tma_store_wait_read<S::kStoreBuffers - 1>();
+        hopper::tma_store_wait_read<S::store_buffers() - 1>();
       }
     }
     hopper::named_barrier_sync(barrier, 128);
