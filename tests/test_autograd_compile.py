@@ -59,6 +59,29 @@ def test_forward_mode_matches_torch(device):
     assert relative_error(ours, theirs.double()) < 1e-5
 
 
+@pytest.mark.parametrize("device", devices())
+def test_autocast(device):
+    """Under torch.autocast the ops run in the autocast dtype, as torch.mm and F.linear do:
+    float32 operands are cast (a bf16 activation meets a float32 weight), float64 is left alone,
+    and gradients reach the float32 parameters in float32."""
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cpu" else torch.float16
+    x, bias = torch.randn(8, 32, device=device), torch.randn(16, device=device)
+    w = torch.randn(16, 32, device=device, requires_grad=True)
+    with torch.autocast(device, dtype=dtype):
+        products = [(mmv.matmul(x.to(dtype), w.t()), torch.mm(x.to(dtype), w.t())),
+                    (mmv.linear(x, w, bias, activation="relu"),
+                     nn.functional.relu(nn.functional.linear(x, w, bias))),
+                    (mmv.matmul(x.view(2, 4, 32), w.t()), torch.matmul(x.view(2, 4, 32), w.t()))]
+        doubles = torch.randn(3, 5, device=device, dtype=torch.float64)
+        assert mmv.matmul(doubles, doubles.t()).dtype == torch.float64
+    for ours, theirs in products:
+        assert ours.dtype == theirs.dtype == dtype
+        assert relative_error(ours, theirs.double()) < 1e-2
+    products[1][0].float().sum().backward()
+    assert w.grad.dtype == torch.float32 and w.grad.abs().sum() > 0
+
+
 def test_only_needed_gradients():
     a = torch.randn(4, 3, requires_grad=True)
     b = torch.randn(3, 2)

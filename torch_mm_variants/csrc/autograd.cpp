@@ -14,6 +14,7 @@
 // kernels do for their forward-mode formulas.
 #include "epilogue.h"
 #include "matmul.h"
+#include "op_calls.h"
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -28,35 +29,6 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// The ops as the dispatcher runs them: below autograd when called under
-// at::AutoDispatchBelowADInplaceOrView, with a gradient record otherwise.
-at::Tensor matmul_op(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mm_variants::matmul", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(a, b, algorithm);
-}
-
-at::Tensor linear_op(const at::Tensor& x, const at::Tensor& weight,
-                     const c10::optional<at::Tensor>& bias, c10::string_view activation,
-                     c10::string_view algorithm) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mm_variants::linear", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, const c10::optional<at::Tensor>&,
-                            c10::string_view, c10::string_view)>();
-  return op.call(x, weight, bias, activation, algorithm);
-}
-
-at::Tensor bmm_op(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  static const auto op =
-      c10::Dispatcher::singleton()
-          .findSchemaOrThrow("mm_variants::bmm", "")
-          .typed<at::Tensor(const at::Tensor&, const at::Tensor&, c10::string_view)>();
-  return op.call(a, b, algorithm);
-}
 
 // Whether a call must record its gradient: grad mode is on and some input requires one.
 bool records_gradient(std::initializer_list<at::Tensor> inputs) {
