@@ -73,8 +73,9 @@ def test_autocast(device):
                     (mmv.linear(x, w, bias, activation="relu"),
                      nn.functional.relu(nn.functional.linear(x, w, bias))),
                     (mmv.matmul(x.view(2, 4, 32), w.t()), torch.matmul(x.view(2, 4, 32), w.t()))]
-        doubles = torch.randn(3, 5, device=device, dtype=torch.float64)
-        assert mmv.matmul(doubles, doubles.t()).dtype == torch.float64
+        if device == "cpu":  # float64 runs on the CPU only
+            doubles = torch.randn(3, 5, dtype=torch.float64)
+            assert mmv.matmul(doubles, doubles.t()).dtype == torch.float64
     for ours, theirs in products:
         assert ours.dtype == theirs.dtype == dtype
         assert relative_error(ours, theirs.double()) < 1e-2
