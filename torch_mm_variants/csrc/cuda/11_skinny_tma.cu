@@ -3,8 +3,8 @@
 //
 // Rung 10 gives each block 16 weight rows, and each block reads all of x again from L2: at 32 or
 // 64 tokens that is two to four times the weight's own bytes, and its speed falls to 0.55-0.8x
-// of torch.mm's at 32 tokens and a fifth to a third at 64. Its fragments also live in registers, so more tokens leave room for fewer loads in
-// flight. Here:
+// of torch.mm's at 32 tokens and a fifth to a third at 64. Its fragments also live in
+// registers, so more tokens leave room for fewer loads in flight. Here:
 // - TMA streams the weight: one producer thread keeps a ring of stages in flight (each two boxes
 //   of 64 rows x 64 k, 16 KB of weight), with no registers held: two blocks per SM, or one with
 //   a ring twice as deep where that spreads the weight more evenly over the SMs. The copy engine
