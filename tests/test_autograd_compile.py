@@ -189,6 +189,16 @@ def test_swap_linear_keeps_weights_and_output():
     assert weight.grad is not None
 
 
+def test_linear_from_linear_shares_parameters():
+    torch.manual_seed(0)
+    original = nn.Linear(6, 3)
+    ours = mmv.Linear.from_linear(original, algorithm="parallel")
+    assert ours.weight is original.weight and ours.bias is original.bias
+    assert ours.algorithm == "parallel" and ours.activation == "none"
+    x = torch.randn(4, 6)
+    assert relative_error(ours(x), original(x).double()) < 1e-6
+
+
 def test_swap_linear_keeps_hooks_and_leaves_subclasses_alone():
     """A swapped layer is the same module with the same hooks; a subclass of nn.Linear (its own
     forward) and a weight-normed layer (a computed weight) keep running as they did."""
