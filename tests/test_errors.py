@@ -1,10 +1,15 @@
-"""Bad input is refused with a precise message, never a crash or a wrong result."""
+"""Bad input is refused with a precise message, never a crash or a wrong result; torch.compile
+refuses it while tracing, with eager mode's message."""
 from __future__ import annotations
+
+import re
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 import torch_mm_variants as mmv
+from conftest import gpu_available
 
 
 def raises(match):
@@ -68,3 +73,129 @@ def test_algorithms_listing():
     assert len(set(names)) == len(names) and "auto" not in names
     if not mmv.has_cuda():
         assert mmv.algorithms("cuda") == []
+
+
+# ---- torch.compile refuses what eager mode refuses -------------------------------------------
+
+matmul_op, linear_op, bmm_op = (torch.ops.mm_variants.matmul, torch.ops.mm_variants.linear,
+                                torch.ops.mm_variants.bmm)
+
+
+def operand(*shape, dtype=torch.float32, device="cpu"):
+    """An input of a refusal case, made when the test runs (CUDA ones only on a GPU)."""
+    return shape, dtype, device
+
+
+def refusal(name, call, *operands):
+    on_gpu = any(device != "cpu" for _, _, device in operands)
+    return pytest.param(call, operands, id=name, marks=pytest.mark.skipif(
+        on_gpu and not gpu_available(), reason="needs a GPU"))
+
+
+F64, I64 = torch.float64, torch.int64
+REFUSALS = [
+    refusal("matmul-a-3d", lambda a, b: matmul_op(a, b), operand(2, 3, 4), operand(4, 5)),
+    refusal("matmul-b-1d", lambda a, b: matmul_op(a, b), operand(2, 3), operand(3)),
+    refusal("matmul-inner", lambda a, b: matmul_op(a, b), operand(2, 3), operand(4, 5)),
+    refusal("matmul-dtypes", lambda a, b: matmul_op(a, b), operand(2, 3), operand(3, 4, dtype=F64)),
+    refusal("matmul-int", lambda a, b: matmul_op(a, b), operand(2, 3, dtype=I64),
+            operand(3, 4, dtype=I64)),
+    refusal("matmul-unknown-algorithm", lambda a, b: matmul_op(a, b, "fastest"), operand(2, 3),
+            operand(3, 4)),
+    refusal("matmul-devices", lambda a, b: matmul_op(a, b), operand(2, 3),
+            operand(3, 4, device="cuda")),
+    refusal("matmul-cuda-double-named", lambda a, b: matmul_op(a, b, "naive"),
+            operand(2, 3, dtype=F64, device="cuda"), operand(3, 4, dtype=F64, device="cuda")),
+    refusal("matmul-cuda-double-auto", lambda a, b: matmul_op(a, b),
+            operand(2, 3, dtype=F64, device="cuda"), operand(3, 4, dtype=F64, device="cuda")),
+    refusal("linear-weight-1d", lambda x, w: linear_op(x, w), operand(2, 3), operand(3)),
+    refusal("linear-x-0d", lambda x, w: linear_op(x, w), operand(), operand(4, 3)),
+    refusal("linear-dtypes", lambda x, w: linear_op(x, w), operand(2, 3), operand(4, 3, dtype=F64)),
+    refusal("linear-inner", lambda x, w: linear_op(x, w), operand(2, 3), operand(5, 4)),
+    refusal("linear-bias-length", lambda x, w, b: linear_op(x, w, b), operand(2, 3), operand(4, 3),
+            operand(3)),
+    refusal("linear-bias-2d", lambda x, w, b: linear_op(x, w, b), operand(2, 3), operand(4, 3),
+            operand(1, 4)),
+    refusal("linear-bias-dtype", lambda x, w, b: linear_op(x, w, b), operand(2, 3), operand(4, 3),
+            operand(4, dtype=F64)),
+    refusal("linear-activation", lambda x, w: linear_op(x, w, None, "tanh"), operand(2, 3),
+            operand(4, 3)),
+    refusal("linear-unknown-algorithm", lambda x, w: linear_op(x, w, None, "none", "fastest"),
+            operand(2, 3), operand(4, 3)),
+    refusal("linear-int", lambda x, w: linear_op(x, w), operand(2, 3, dtype=I64),
+            operand(4, 3, dtype=I64)),
+    refusal("linear-devices", lambda x, w: linear_op(x, w), operand(2, 3),
+            operand(4, 3, device="cuda")),
+    refusal("linear-bias-device", lambda x, w, b: linear_op(x, w, b), operand(2, 3),
+            operand(4, 3), operand(4, device="cuda")),
+    refusal("linear-cuda-double-named", lambda x, w: linear_op(x, w, None, "none", "naive"),
+            operand(2, 3, dtype=F64, device="cuda"), operand(4, 3, dtype=F64, device="cuda")),
+    refusal("bmm-a-2d", lambda a, b: bmm_op(a, b), operand(2, 3), operand(3, 4)),
+    refusal("bmm-b-4d", lambda a, b: bmm_op(a, b), operand(2, 2, 3), operand(1, 2, 3, 4)),
+    refusal("bmm-batches", lambda a, b: bmm_op(a, b), operand(2, 2, 3), operand(3, 3, 4)),
+    refusal("bmm-inner", lambda a, b: bmm_op(a, b), operand(2, 2, 3), operand(2, 4, 5)),
+    refusal("bmm-dtypes", lambda a, b: bmm_op(a, b), operand(2, 2, 3), operand(3, 4, dtype=F64)),
+    refusal("bmm-int", lambda a, b: bmm_op(a, b), operand(2, 2, 3, dtype=I64),
+            operand(3, 4, dtype=I64)),
+    refusal("bmm-unknown-algorithm", lambda a, b: bmm_op(a, b, "fastest"), operand(2, 2, 3),
+            operand(3, 4)),
+    refusal("bmm-empty-batch-unknown-algorithm", lambda a, b: bmm_op(a, b, "fastest"),
+            operand(0, 2, 3), operand(0, 3, 4)),
+    refusal("bmm-devices", lambda a, b: bmm_op(a, b), operand(2, 2, 3),
+            operand(3, 4, device="cuda")),
+]
+
+
+def eager_refusal(call, operands):
+    """The inputs, and the message with which eager mode refuses them."""
+    tensors = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in operands]
+    with pytest.raises(RuntimeError) as refused:
+        call(*tensors)
+    return tensors, str(refused.value)
+
+
+@pytest.mark.parametrize("call,operands", REFUSALS)
+def test_fake_kernel_refuses_like_eager(call, operands):
+    tensors, message = eager_refusal(call, operands)
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t) for t in tensors]
+        with pytest.raises(RuntimeError) as refused:
+            call(*fakes)
+    assert str(refused.value) == message
+
+
+@pytest.mark.parametrize("call,operands", REFUSALS)
+def test_compile_refuses_like_eager_while_tracing(call, operands):
+    """fullgraph=True: the refusal comes from tracing (the fake kernel), not from a first run."""
+    tensors, message = eager_refusal(call, operands)
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.TorchRuntimeError) as refused:
+        torch.compile(call, fullgraph=True, backend="eager")(*tensors)
+    assert message in str(refused.value)
+
+
+def test_fake_kernels_refuse_mixed_devices():
+    """The device checks, which eager mode reaches only with a GPU; fake CUDA tensors need none."""
+    with FakeTensorMode():
+        cpu, gpu = torch.empty(2, 3), torch.empty(4, 3, device="cuda")
+        with raises(re.escape("mm_variants::matmul: expected a and b on the same device, but "
+                              "found cpu and cuda:0")):
+            mmv.matmul(cpu, gpu.t())
+        with raises(re.escape("mm_variants::matmul: expected a and b on the same device, but "
+                              "found cpu and cuda:0")):
+            mmv.matmul(cpu.expand(5, 2, 3), gpu.t())
+        with raises(re.escape("mm_variants::linear: expected x and weight on the same device, "
+                              "but found cpu and cuda:0")):
+            mmv.linear(cpu, gpu)
+        with raises(re.escape("mm_variants::linear: expected bias on the device of weight, but "
+                              "found cuda:0 and cpu")):
+            mmv.linear(cpu, torch.empty(4, 3), torch.empty(4, device="cuda"))
+
+
+def test_meta_tensors_skip_the_algorithm_lookup():
+    """On the meta device the fake kernel is the kernel, and there are no kernels to look a name
+    up in: shapes come back for a named algorithm."""
+    a, b = torch.empty(3, 4, device="meta"), torch.empty(4, 5, device="meta")
+    assert mmv.matmul(a, b, "naive").shape == (3, 5)
+    assert mmv.linear(a, b.t(), algorithm="naive").shape == (3, 5)
+    assert mmv.matmul(a.expand(2, 3, 4), b, "naive").shape == (2, 3, 5)

@@ -3,9 +3,9 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <chrono>
-
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -126,14 +126,26 @@ std::vector<double> time_on_cpu(const std::vector<const Algorithm*>& candidates,
 
 std::string cpu_name(c10::Device) { return "cpu"; }
 
+void check_has_candidate(bool has_candidate, c10::Device device, c10::ScalarType dtype) {
+  TORCH_CHECK(has_candidate, "mm_variants::matmul: no algorithm on ", device, " supports dtype ",
+              dtype,
+              algorithms_for(device).empty() ? " (this build has no kernels for that device)" : "");
+}
+
 }  // namespace
+
+void check_auto_dtype(c10::Device device, c10::ScalarType dtype) {
+  const auto all = algorithms_for(device);
+  check_has_candidate(std::any_of(all.begin(), all.end(),
+                                  [&](const Algorithm* algorithm) {
+                                    return algorithm->auto_candidate && algorithm->supports(dtype);
+                                  }),
+                      device, dtype);
+}
 
 AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b) {
   const auto candidates = eligible(a, b);
-  TORCH_CHECK(!candidates.empty(), "mm_variants::matmul: no algorithm on ", a.device(),
-              " supports dtype ", a.scalar_type(),
-              algorithms_for(a.device()).empty() ? " (this build has no kernels for that device)"
-                                                 : "");
+  check_has_candidate(!candidates.empty(), a.device(), a.scalar_type());
   AutoDecision heuristic{heuristic_choice(candidates, a, b), "heuristic", ""};
   TuningState& s = state();
   const std::lock_guard<std::mutex> lock(s.mutex);

@@ -24,6 +24,10 @@ struct AutoDecision {
 
 AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b);
 
+// decide_auto's refusal of a dtype that no candidate on `device` takes, before any sizes are
+// known (the fake kernels run it through check_dtype_and_algorithm).
+void check_auto_dtype(c10::Device device, c10::ScalarType dtype);
+
 inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b) {
   return *decide_auto(a, b).algorithm;
 }

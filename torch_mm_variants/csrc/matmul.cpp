@@ -27,6 +27,11 @@ std::string dtype_list(const Algorithm& algorithm) {
   return out.str();
 }
 
+void check_floating(c10::ScalarType dtype) {
+  TORCH_CHECK(c10::isFloatingType(dtype), "mm_variants::matmul: unsupported dtype ", dtype,
+              "; supported: Float, Half, BFloat16 (and Double on the CPU)");
+}
+
 void check_inputs(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.dim() == 2, "mm_variants::matmul: a must be a matrix, got a ", a.dim(),
               "-D tensor");
@@ -40,16 +45,18 @@ void check_inputs(const at::Tensor& a, const at::Tensor& b) {
   TORCH_CHECK(a.device() == b.device(),
               "mm_variants::matmul: expected a and b on the same device, but found ", a.device(),
               " and ", b.device());
-  TORCH_CHECK(!a.is_complex() && a.is_floating_point(),
-              "mm_variants::matmul: unsupported dtype ", a.scalar_type(),
-              "; supported: Float, Half, BFloat16 (and Double on the CPU)");
+  check_floating(a.scalar_type());
+}
+
+void check_supports(const Algorithm& algorithm, c10::ScalarType dtype, c10::Device device) {
+  TORCH_CHECK(algorithm.supports(dtype), "mm_variants::matmul: algorithm '", algorithm.name,
+              "' does not support dtype ", dtype, " on ", device.type(), "; it supports: ",
+              dtype_list(algorithm));
 }
 
 void check_algorithm_accepts(const Algorithm& algorithm, const at::Tensor& a,
                              const at::Tensor& b) {
-  TORCH_CHECK(algorithm.supports(a.scalar_type()), "mm_variants::matmul: algorithm '",
-              algorithm.name, "' does not support dtype ", a.scalar_type(), " on ",
-              a.device().type(), "; it supports: ", dtype_list(algorithm));
+  check_supports(algorithm, a.scalar_type(), a.device());
   TORCH_CHECK(algorithm.accepts == nullptr || algorithm.accepts(a, b),
               "mm_variants::matmul: algorithm '", algorithm.name, "' cannot take these inputs: ",
               algorithm.why_not);
@@ -113,6 +120,17 @@ std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const a
   return {true, ""};
 }
 
+// resolve_algorithm's checks that read only the dtype, the device and the name, for the fake
+// kernels (ops.py): torch.compile then refuses what eager mode refuses, with the same message.
+// An algorithm's `accepts` reads sizes and settings of the run, so it is left to the run.
+void check_dtype_and_algorithm(c10::ScalarType dtype, c10::Device device,
+                               const std::string& name) {
+  check_floating(dtype);
+  if (device.is_meta()) return;  // no kernels to look up: the fake kernel is a meta tensor's own
+  if (name == "auto") return check_auto_dtype(device, dtype);
+  check_supports(find_algorithm(device, name), dtype, device);
+}
+
 std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor& a,
                                                                const at::Tensor& b) {
   check_inputs(a, b);
@@ -132,12 +150,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("algorithms", &mm_variants::algorithm_names,
         "Names of the algorithms that can run on a device ('cpu', 'cuda', 'cuda:1'), in ladder "
         "order");
+  m.def("registered_algorithms", &mm_variants::registered_names,
+        "Every registered algorithm name, for any device type, in ladder order");
   m.def("algorithm_dtypes", &mm_variants::algorithm_dtypes,
         "The dtypes (as c10 names: Float, Half, BFloat16, Double) an algorithm accepts on a device");
   m.def("set_poison_outputs", [](bool on) { mm_variants::poison_outputs.store(on); },
         "Fill every output with NaN before its kernel runs (for tests)");
   m.def("algorithm_accepts", &mm_variants::algorithm_accepts,
         "(accepted, reason) for running an algorithm on these inputs");
+  m.def("check_dtype_and_algorithm", &mm_variants::check_dtype_and_algorithm,
+        "The op's checks that read only the inputs' dtype and device and the algorithm name, with "
+        "its messages (for the fake kernels)");
+  m.def("dtype_name", [](c10::ScalarType dtype) { return std::string(c10::toString(dtype)); },
+        "A dtype's name as the op's messages write it: Float, Half, BFloat16, Double, Long, ...");
   m.def("explain_auto", &mm_variants::explain_auto,
         "(algorithm, reason, bucket) of what algorithm='auto' runs for these inputs");
   m.def("set_autotune", &mm_variants::set_autotune, "Switch the measured mode of 'auto' on or off");
