@@ -1,10 +1,11 @@
 // The CUDA tuner behind the measured mode of algorithm="auto" (auto.h): times each candidate
-// kernel on the real inputs with CUDA events on the current stream.
+// kernel on the real inputs with CUDA events on the inputs' device's current stream.
 #include "../auto.h"
 #include "common.cuh"
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGraphsC10Utils.h>
+#include <c10/cuda/CUDAGuard.h>
 
 #include <string>
 
@@ -27,11 +28,15 @@ struct EventPair {
 
 std::vector<double> time_on_gpu(const std::vector<const Algorithm*>& candidates,
                                 const at::Tensor& a, const at::Tensor& b) {
+  // Callers reach here from explain_auto too, outside the op's own guard: the kernels launch on,
+  // the events time and the capture check asks about the current stream of the current device,
+  // which must be the inputs'.
+  const c10::cuda::CUDAGuard guard(a.device());
   // Timing synchronizes, which graph capture forbids: report "not now" instead.
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
     return {};
   }
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(a.device().index());
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   EventPair events;
   std::vector<double> ms;
