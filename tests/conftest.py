@@ -35,10 +35,15 @@ def algorithm_params() -> list:
     return [pytest.param(d, name, id=f"{d}-{name}") for d in devices() for name in mmv.algorithms(d)]
 
 
-def algorithm_dtype_params() -> list:
+def algorithm_dtype_params(with_auto: bool = False) -> list:
+    """(device, algorithm, dtype) for every registered algorithm and each dtype it takes; with
+    `with_auto`, also "auto" with each dtype that some algorithm of the device takes."""
+    params = [(d, name, t) for d in devices() for name in mmv.algorithms(d)
+              for t in mmv._C.algorithm_dtypes(d, name)]
+    if with_auto:
+        params += [(d, "auto", t) for d, t in dict.fromkeys((d, t) for d, _, t in params)]
     return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
-            for d in devices() for name in mmv.algorithms(d)
-            for t in mmv._C.algorithm_dtypes(d, name)]
+            for d, name, t in params]
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
@@ -110,6 +115,31 @@ def assert_matches_reference(a, b, algorithm):
         return False
     out, tolerance = result
     assert_result(out, a.double() @ b.double(), a.dtype, a.device, tolerance)
+    return True
+
+
+def assert_gradients_match(algorithm, a, b, op, reference, inputs):
+    """Checks the gradients of op(*inputs), for a random output gradient, against those of
+    `reference` (torch ops) on float64 copies of the same inputs, within the dtype's tolerance.
+    a @ b is the 2-D product the op runs, for run_accepted; returns False when the algorithm
+    refuses it."""
+    leaves64 = [t.detach().double().requires_grad_() for t in inputs]
+    out64 = reference(*leaves64)
+    grad_out = torch.randn_like(out64).to(inputs[0].dtype)
+    expected = torch.autograd.grad(out64, leaves64, grad_out.double())
+
+    def run():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        return torch.autograd.grad(op(*leaves), leaves, grad_out)
+
+    result = run_accepted(algorithm, a, b, run)
+    if result is None:
+        return False
+    grads, tolerance = result
+    for i, (grad, ref) in enumerate(zip(grads, expected)):
+        assert grad.dtype == inputs[i].dtype and grad.shape == inputs[i].shape
+        err = relative_error(grad, ref)
+        assert err <= tolerance, f"input {i}'s gradient: relative error {err:.3e} > {tolerance:.0e}"
     return True
 
 

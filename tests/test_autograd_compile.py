@@ -6,7 +6,8 @@ import torch
 from torch import nn
 
 import torch_mm_variants as mmv
-from conftest import devices, gpu_available, relative_error
+from conftest import (algorithm_dtype_params, assert_gradients_match, devices, gpu_available,
+                      random_matrix, relative_error)
 
 
 @pytest.mark.parametrize("algorithm", ["naive", "tiled_register", "parallel", "auto"])
@@ -21,17 +22,16 @@ def test_gradcheck_float64(algorithm, layout):
     assert torch.autograd.gradgradcheck(lambda x, y: mmv.matmul(x, y, algorithm), (a, b))
 
 
-@pytest.mark.parametrize("device", devices())
-def test_gradients_match_torch(device):
-    dtype = torch.float32
-    a = torch.randn(33, 17, device=device, dtype=dtype, requires_grad=True)
-    w = torch.randn(9, 17, device=device, dtype=dtype, requires_grad=True)
-    (mmv.matmul(a, w.t()) ** 2).sum().backward()
-    ga, gw = a.grad.clone(), w.grad.clone()
-    a.grad = w.grad = None
-    ((a @ w.t()) ** 2).sum().backward()
-    assert relative_error(ga, a.grad.double()) < 1e-5
-    assert relative_error(gw, w.grad.double()) < 1e-5
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
+def test_gradient_values(device, algorithm, dtype):
+    """grad_a = grad @ b^T and grad_b = a^T @ grad against float64, on every algorithm and dtype,
+    for a row-major b and an nn.Linear weight's w.t()."""
+    torch.manual_seed(0)
+    a = random_matrix(17, 33, dtype, device)
+    for layout in ["row", "col"]:
+        b = random_matrix(33, 9, dtype, device, layout)
+        assert_gradients_match(algorithm, a, b, lambda x, y: mmv.matmul(x, y, algorithm),
+                               torch.mm, [a, b])
 
 
 @pytest.mark.parametrize("device", devices())

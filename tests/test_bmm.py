@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_result, devices,
-                      gpu_available, relative_error, run_accepted)
+from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_gradients_match,
+                      assert_result, devices, gpu_available, random_matrix, relative_error,
+                      run_accepted)
 
 
 def reference(a, b):
@@ -124,6 +125,17 @@ def test_gradcheck(shared):
     fn = lambda a, b: mmv.matmul(a, b, "parallel")  # noqa: E731
     assert torch.autograd.gradcheck(fn, (a, b), check_forward_ad=True)
     assert torch.autograd.gradgradcheck(fn, (a, b))
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
+def test_gradient_values(device, algorithm, dtype):
+    """The gradients of a and b against float64, on every algorithm and dtype, for a per-entry b
+    and a shared one (whose gradient gathers every entry's)."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 17, 33, device=device).to(dtype)
+    for b in [torch.randn(2, 33, 9, device=device).to(dtype), random_matrix(33, 9, dtype, device)]:
+        assert_gradients_match(algorithm, a[0], b if b.dim() == 2 else b[0],
+                               lambda x, y: mmv.matmul(x, y, algorithm), torch.matmul, [a, b])
 
 
 @pytest.mark.parametrize("device", devices())

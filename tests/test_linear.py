@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_result, devices,
-                      gpu_available, random_matrix, relative_error, run_accepted)
+from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_gradients_match,
+                      assert_result, devices, gpu_available, random_matrix, relative_error,
+                      run_accepted)
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 REFERENCE = {
@@ -139,6 +140,22 @@ def test_gradcheck(activation, algorithm):
     assert torch.autograd.gradgradcheck(fn, (x, w, b))
 
 
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
+def test_gradient_values(device, algorithm, dtype):
+    """The gradients of x, weight and bias against float64, on every algorithm and dtype: with a
+    bias and gelu (the fused epilogue, its pre-activation recomputed in the backward pass), and
+    with neither."""
+    torch.manual_seed(0)
+    x, weight = random_matrix(17, 33, dtype, device), random_matrix(9, 33, dtype, device)
+    bias = torch.randn(9, device=device).to(dtype)
+    assert_gradients_match(algorithm, x, weight.t(),
+                           lambda *p: mmv.linear(*p, activation="gelu", algorithm=algorithm),
+                           lambda *p: reference(*p, "gelu"), [x, weight, bias])
+    assert_gradients_match(algorithm, x, weight.t(),
+                           lambda *p: mmv.linear(*p, algorithm=algorithm),
+                           lambda *p: reference(*p, None, "none"), [x, weight])
+
+
 @pytest.mark.parametrize("device", devices())
 def test_opcheck(device):
     x = torch.randn(3, 6, 5, device=device, requires_grad=True)
@@ -168,3 +185,37 @@ def test_linear_module_activation_matches_torch():
                                         approximate="tanh")
     assert relative_error(layer(x), expected.double()) < 1e-5
     assert "activation='gelu_tanh'" in repr(layer)
+
+
+def test_unknown_algorithm_is_refused_when_the_layer_is_made():
+    """Linear, Linear.from_linear, swap_linear and a later assignment refuse a name that no device
+    registers at once, listing the valid names, rather than at the first forward."""
+    message = r"unknown algorithm 'fastest'; valid algorithms: auto, naive, "
+    with pytest.raises(ValueError, match=message) as refused:
+        mmv.Linear(4, 3, algorithm="fastest")
+    assert all(name in str(refused.value) for name in mmv.algorithms("cpu"))
+    with pytest.raises(ValueError, match=message):
+        mmv.Linear.from_linear(torch.nn.Linear(4, 3), algorithm="fastest")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    with pytest.raises(ValueError, match=message):
+        mmv.swap_linear(model, algorithm="fastest")
+    assert all(type(layer) is torch.nn.Linear for layer in model)  # no layer half swapped
+    layer = mmv.Linear(4, 3, algorithm="tiled")
+    with pytest.raises(ValueError, match=message):
+        layer.algorithm = "fastest"
+    assert layer.algorithm == "tiled"
+
+
+def test_layer_takes_any_registered_algorithm():
+    """Every name of the registry is taken, a GPU's too on a machine without one (the layer may
+    move to a GPU later); the op refuses it where it cannot run."""
+    for name in ["auto", *mmv.algorithms("cpu")]:
+        layer = mmv.Linear(4, 3, algorithm=name)
+        assert layer.algorithm == name and layer(torch.randn(2, 4)).shape == (2, 3)
+    if not mmv.has_cuda():
+        with pytest.raises(ValueError, match="unknown algorithm 'tensor_core'"):
+            mmv.Linear(4, 3, algorithm="tensor_core")
+        return
+    layer = mmv.Linear(4, 3, algorithm="tensor_core")
+    with pytest.raises(RuntimeError, match="unknown algorithm 'tensor_core' for cpu"):
+        layer(torch.randn(2, 4))

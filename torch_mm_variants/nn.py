@@ -4,6 +4,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from . import _C
+
+
+def check_algorithm(name: str) -> str:
+    """`name`, if it is "auto" or an algorithm registered for some device type; otherwise a
+    ValueError that lists the valid names. A layer is built before it knows its device, so a name
+    of another device's ladder passes here and is refused by the op on a device without it."""
+    valid = ["auto", *_C.registered_algorithms()]
+    if name not in valid:
+        raise ValueError(f"unknown algorithm {name!r}; valid algorithms: {', '.join(valid)}")
+    return name
+
 
 class Linear(nn.Linear):
     """A drop-in for nn.Linear whose product runs through mm_variants::matmul.
@@ -12,7 +24,8 @@ class Linear(nn.Linear):
     bias), so checkpoints load unchanged. The input may have any number of leading batch
     dimensions. The weight is read in place as weight.t(): no transposed copy is made. An
     optional activation ("relu", "gelu", "gelu_tanh", "silu") is applied with the bias, fused
-    into the kernel where the kernel supports it (mm_variants::linear).
+    into the kernel where the kernel supports it (mm_variants::linear). An unknown `algorithm`
+    is refused (ValueError) when the layer is made or the name is assigned, not at its first call.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -21,6 +34,14 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias, device=device, dtype=dtype)
         self.algorithm = algorithm
         self.activation = activation
+
+    @property
+    def algorithm(self) -> str:
+        return self._algorithm
+
+    @algorithm.setter
+    def algorithm(self, name: str) -> None:
+        self._algorithm = check_algorithm(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mm_variants.linear(x, self.weight, self.bias, self.activation,
@@ -48,8 +69,10 @@ def swap_linear(model: nn.Module, algorithm: str = "auto") -> nn.Module:
     Each layer stays the same module object: its parameters (shared, not copied), buffers, hooks
     and state dict keys are kept; only its forward now runs through mm_variants::linear.
     Subclasses of nn.Linear, which may define their own forward, and parametrized layers (e.g.
-    weight_norm, whose weight is computed on every call) are left as they are.
+    weight_norm, whose weight is computed on every call) are left as they are. An unknown
+    `algorithm` is refused before any layer changes.
     """
+    check_algorithm(algorithm)
     for module in model.modules():
         if type(module) is nn.Linear:
             module.__class__ = Linear

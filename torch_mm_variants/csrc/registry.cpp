@@ -50,6 +50,16 @@ std::vector<const Algorithm*> algorithms_for(c10::Device device) {
   return result;
 }
 
+std::vector<std::string> registered_names() {
+  std::vector<std::string> names;
+  for (const Algorithm& algorithm : all_algorithms()) {
+    if (std::find(names.begin(), names.end(), algorithm.name) == names.end()) {
+      names.push_back(algorithm.name);
+    }
+  }
+  return names;
+}
+
 const Algorithm& find_algorithm(c10::Device device, const std::string& name) {
   const auto candidates = algorithms_for(device);
   for (const Algorithm* algorithm : candidates) {

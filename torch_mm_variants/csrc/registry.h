@@ -64,6 +64,10 @@ void register_algorithm(Algorithm algorithm);
 // The algorithms that can run on `device`, in ladder order.
 std::vector<const Algorithm*> algorithms_for(c10::Device device);
 
+// Every registered name, for any device type, whether or not a device of this process can run
+// it: once each, in ladder order.
+std::vector<std::string> registered_names();
+
 // Looks `name` up for `device`; throws a c10::Error listing the valid names when it is unknown.
 const Algorithm& find_algorithm(c10::Device device, const std::string& name);
 
