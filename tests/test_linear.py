@@ -207,8 +207,9 @@ def test_unknown_algorithm_is_refused_when_the_layer_is_made():
 
 
 def test_layer_takes_any_registered_algorithm():
-    """Every name of the registry is taken, a GPU's too on a machine without one (the layer may
-    move to a GPU later); the op refuses it where it cannot run."""
+    """Every name of the registry is taken, a GPU's too when the build has CUDA kernels, even on a
+    machine without a GPU (the layer may move to one later); the op refuses it where it cannot
+    run. A CPU-only build registers no GPU names, so there they are refused at once."""
     for name in ["auto", *mmv.algorithms("cpu")]:
         layer = mmv.Linear(4, 3, algorithm=name)
         assert layer.algorithm == name and layer(torch.randn(2, 4)).shape == (2, 3)

@@ -52,10 +52,15 @@ std::string bucket_key(const at::Tensor& a, const at::Tensor& b, const std::stri
          "x" + std::to_string(bucket_of(a.size(1)));
 }
 
+// Whether auto may run `algorithm` on inputs of `dtype`, before their sizes are known.
+bool auto_takes(const Algorithm& algorithm, c10::ScalarType dtype) {
+  return algorithm.auto_candidate && algorithm.supports(dtype);
+}
+
 std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b) {
   std::vector<const Algorithm*> result;
   for (const Algorithm* algorithm : algorithms_for(a.device())) {
-    if (!algorithm->auto_candidate || !algorithm->supports(a.scalar_type())) continue;
+    if (!auto_takes(*algorithm, a.scalar_type())) continue;
     if (algorithm->accepts != nullptr && !algorithm->accepts(a, b)) continue;
     result.push_back(algorithm);
   }
@@ -138,7 +143,7 @@ void check_auto_dtype(c10::Device device, c10::ScalarType dtype) {
   const auto all = algorithms_for(device);
   check_has_candidate(std::any_of(all.begin(), all.end(),
                                   [&](const Algorithm* algorithm) {
-                                    return algorithm->auto_candidate && algorithm->supports(dtype);
+                                    return auto_takes(*algorithm, dtype);
                                   }),
                       device, dtype);
 }
