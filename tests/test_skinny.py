@@ -93,6 +93,17 @@ def test_every_split_count(algorithm, dtype):
         assert_matches_reference(a, weight_view(65, k, dtype), algorithm)
 
 
+@pytest.mark.parametrize("m", [1, 17, 64])
+def test_float32_keeps_float32_accuracy_over_long_k(m):
+    """float32 runs in 3xTF32 on the tensor cores, whose accumulators lose bits over long chains
+    of MMAs: the product must stay within float32's tolerance at the K of large nn.Linear layers
+    (K = 14336 and more, with a tail), one block row and many, split K or not."""
+    torch.manual_seed(0)
+    for n, k in [(4096, 14336), (129, 28675)]:
+        a = random_matrix(m, k, torch.float32, "cuda")
+        assert_matches_reference(a, weight_view(n, k, torch.float32), "skinny")
+
+
 @pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
 def test_deterministic(algorithm, dtype):
     torch.manual_seed(0)
@@ -162,24 +173,27 @@ def test_tma_kernels_use_tma_and_wgmma():
         assert not re.search(r"\b(LDL|STL)\b", body), f"local memory traffic in {name}"
 
 
-def expected_auto_choice(m: int, n: int, dtype: torch.dtype) -> str:
+def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
-    one measured faster: up to 8 tokens, and at 16 while its 16-row blocks fit on the GPU at
-    once (two per SM)."""
+    one measured faster: on weights under 64 MiB, up to 8 tokens, and at 16 while its 16-row
+    blocks fit on the GPU at once (two per SM)."""
     highest = [name for name in skinny_algorithms() if dtype in dtypes_of(name)][-1]
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    if highest == "skinny_tma" and (m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
+    small_weight = n * k * dtype.itemsize < 64 * 2**20
+    if highest == "skinny_tma" and small_weight and (
+            m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
         return "skinny"
     return highest
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m, n", [(1, 4096), (8, 14336), (16, 4096), (16, 14336), (33, 4096),
-                                  (64, 4096)])
-def test_auto_picks_skinny_for_decode(m, n, dtype):
-    x = random_matrix(m, 4096, dtype, "cuda")
-    w = random_matrix(n, 4096, dtype, "cuda")
-    assert mmv.auto_choice(x, w.t()) == expected_auto_choice(m, n, dtype)
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (8, 4096, 4096), (8, 14336, 4096),
+                                     (1, 4096, 14336), (16, 4096, 4096), (16, 4096, 14336),
+                                     (16, 14336, 4096), (33, 4096, 4096), (64, 4096, 4096)])
+def test_auto_picks_skinny_for_decode(m, n, k, dtype):
+    x = random_matrix(m, k, dtype, "cuda")
+    w = random_matrix(n, k, dtype, "cuda")
+    assert mmv.auto_choice(x, w.t()) == expected_auto_choice(m, n, k, dtype)
     assert_matches_reference(x, w.t(), "auto")
 
 

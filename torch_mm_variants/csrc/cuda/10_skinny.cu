@@ -18,8 +18,9 @@
 //   by every block, is cached. The warps' partial sums meet in shared memory and are added in a
 //   fixed order. When N is too small to give every SM a block, blocks also split K and a second
 //   pass adds their float partials in order: no atomics, bit-reproducible results.
-// - float32 runs in 3xTF32 (x = big + small, products big*big + big*small + small*big), as
-//   accurate as float32 FMAs here and still far below the memory time.
+// - float32 runs in 3xTF32 (x = big + small, products big*big + big*small + small*big), each
+//   step's products summed afresh and added to the running sums by float32 adds: as accurate as
+//   float32 FMAs here and still far below the memory time.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a b that is not w.t()-shaped
 // (K-contiguous) is copied into that layout first.
@@ -179,11 +180,17 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   }
 
   float acc[TILES][4] = {};
+  // float32: a tensor core adds into its accumulator without rounding to nearest, and that error
+  // grows with the chain of MMAs into one register (a relative 1.3e-5 over K = 14336, where
+  // float32 FMAs stay near 1e-6). So each step's MMAs start from zero in `fresh`, and the steps'
+  // sums meet in acc through float32 adds: chains of one step.
+  constexpr bool kFreshSums = std::is_same_v<T, float>;
 
   // One step: k0 .. k0 + kStep; FULL when all of it lies before k_end. Past k_end both operands
   // read as zeros (load_row), so the products there vanish.
   const auto step = [&](int k0, auto full) {
     constexpr bool kFull = decltype(full)::value;
+    float fresh[TILES][4] = {};  // float32 only, see kFreshSums
     uint4 wv[kChunks][2], xv[kChunks][TILES];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -224,9 +231,22 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
           for (int ia = kTerms - 1; ia >= 0; --ia) {
 #pragma unroll
-            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) Op::run(acc[j], a[s][ia], b[ib]);
+            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) {
+              if constexpr (kFreshSums) {
+                Op::run(fresh[j], a[s][ia], b[ib]);
+              } else {
+                Op::run(acc[j], a[s][ia], b[ib]);
+              }
+            }
           }
         }
+      }
+    }
+    if constexpr (kFreshSums) {
+#pragma unroll
+      for (int j = 0; j < TILES; ++j) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) acc[j][q] += fresh[j][q];
       }
     }
   };

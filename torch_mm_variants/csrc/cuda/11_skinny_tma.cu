@@ -38,8 +38,8 @@
 // Measured on an H200 (scripts/bench_skinny.py) it streams the large weights at 2.8-2.9 TB/s at
 // every M up to 64 with L2 cleared before each call, and at 3.5-3.8 TB/s back to back in a CUDA
 // graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's loads stream
-// faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there (rung10_is_faster
-// below).
+// faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there on weights under 64 MiB
+// (rung10_is_faster below).
 // Only fp16 and bf16 (float32 takes rung 10). TMA needs 16-byte aligned rows: an x that is not
 // gets copied (it is small), a w that is not takes rung 10's kernel.
 #include "cluster_launch.cuh"
@@ -387,11 +387,19 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 }
 
 // Where rung 10 measured faster (scripts/bench_skinny.py on an H200): up to 8 tokens, its
-// register-held loads stream the weight at about 3.1 TB/s to TMA's 2.9; at 16 tokens too, as long
-// as its 16-row blocks all fit on the GPU at once (two per SM). From 32 tokens on, its blocks
-// re-read x from L2 and this rung is up to four times faster.
+// register-held loads stream the weight at about 3.1 TB/s to TMA's 2.9 with L2 cleared before each
+// call; at 16 tokens too, as long as its 16-row blocks all fit on the GPU at once (two per SM).
+// From 32 tokens on, its blocks re-read x from L2 and this rung is up to four times faster. Weights
+// of kLargeWeight bytes and more (14336 x 4096 in 16 bits) stay here at every token count: back to
+// back in a CUDA graph, as serving engines run decode, rung 10 trailed torch.mm on them (0.94-1.01x
+// at 1-8 tokens, 0.84-0.97x at 16; two runs) while this rung ran at 0.97-1.15x, and with L2
+// cleared this rung's 1.00-1.11x still beat torch.mm. On 4096 x 4096 (32 MiB) both timings put
+// both rungs ahead of torch.mm (1.04-1.28x).
+constexpr int64_t kLargeWeight = int64_t(64) << 20;
+
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t M = a.size(0), N = b.size(1);
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   const int sms = device_info_for(a.device())->multiProcessorCount;
   return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
 }
