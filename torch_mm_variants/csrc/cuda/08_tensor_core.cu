@@ -32,8 +32,8 @@
 // LargeTiling won the sweep of `scripts/tune_tiling.py --rung tensor_core` (H200; bf16, fp16 and
 // TF32 at 4096^3 and 8192^3) against 2-block, 16-warp, 256 x 128 and 4-stage candidates, with
 // padded tiles. Swizzled, 4 stages timed the same for 16 bits and at most 4% faster for TF32,
-// and 192 KB would leave an A100 with SmallTiling. TF32 with B stored K-outer takes DeepTiling
-// where it fits (H100, H200): see there.
+// and 192 KB would leave an A100 with SmallTiling. B stored K-outer takes DeepTiling where it
+// fits (H100, H200): see there.
 //
 // float32 inputs run in TF32 (10-bit mantissa, rounded to nearest, float accumulation) and only
 // when the user allows it for matmuls, as for torch.mm: torch.backends.cuda.matmul.allow_tf32 =
@@ -73,16 +73,20 @@ struct TensorCoreTiling {
 #endif
 using LargeTiling = TensorCoreTiling<MM_VARIANTS_TENSOR_CORE>;
 using SmallTiling = TensorCoreTiling<128, 256, 128, 64, 64, 2, 1>;
-// Two stages of 64 k (192 KB): one barrier per 8 MMA steps instead of 4. For TF32 with B stored
-// K-outer, whose B fragments take scalar loads, they ran faster than LargeTiling at 4096^3 and
-// 8192^3 (H200, beside it): 3-6% with row-major A (four rounds), 8.5% and 3.7% with A transposed
-// (the weight gradient's layout, three rounds); in the nn.Linear layout 3-5% slower, so only there.
+// Two stages of 256 bytes of k (192 KB): one barrier per 8 MMA steps instead of 4. With B stored
+// K-outer they ran faster than LargeTiling at 4096^3 and 8192^3 (H200, beside it): TF32, whose B
+// fragments then take scalar loads, 3-6% with row-major A (four rounds) and 8.5% and 3.7% with A
+// transposed (the weight gradient's layout, three rounds); bf16 and fp16 1-4% with row-major A
+// and 0-2% with A transposed (three rounds). With B K-contiguous (the nn.Linear layout) TF32 ran
+// 3-5% slower, the 16-bit kernels spill registers and gained nothing clear (-3% to +6%), and with
+// both operands transposed they lost 2-3.5%; those keep LargeTiling. GPUs without 192 KB of
+// shared memory per block (A100) keep it too.
 using DeepTiling = TensorCoreTiling<128, 256, 256, 64, 64, 2, 1>;
 
 // Whether problem G takes DeepTiling where the GPU has its shared memory.
 template <class G>
 constexpr bool prefers_deep_tiling() {
-  return std::is_same_v<typename G::scalar, float> && !decltype(G::b)::k_contiguous;
+  return !decltype(G::b)::k_contiguous;
 }
 
 constexpr int kGroupM = 8;  // tile rows per group of the grouped tile order (tile_origin)
