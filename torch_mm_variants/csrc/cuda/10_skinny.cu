@@ -19,8 +19,8 @@
 //   fixed order. When N is too small to give every SM a block, blocks also split K and a second
 //   pass adds their float partials in order: no atomics, bit-reproducible results.
 // - float32 runs in 3xTF32 (x = big + small, products big*big + big*small + small*big), each
-//   step's products summed afresh and added to the running sums by float32 adds: as accurate as
-//   float32 FMAs here and still far below the memory time.
+//   step's products summed afresh and added to the running sums by float32 adds: within
+//   float32's tolerance at every K tested, and still far below the memory time.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a b that is not w.t()-shaped
 // (K-contiguous) is copied into that layout first.
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 
   float acc[TILES][4] = {};
   // float32: a tensor core adds into its accumulator without rounding to nearest, and that error
-  // grows with the chain of MMAs into one register (a relative 1.3e-5 over K = 14336, where
-  // float32 FMAs stay near 1e-6). So each step's MMAs start from zero in `fresh`, and the steps'
+  // grows with the chain of MMAs into one register (a relative 1.3e-5 over K = 14336, above
+  // float32's tolerance of 1e-5). So each step's MMAs start from zero in `fresh`, and the steps'
   // sums meet in acc through float32 adds: chains of one step.
   constexpr bool kFreshSums = std::is_same_v<T, float>;
 

@@ -391,10 +391,10 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 // call; at 16 tokens too, as long as its 16-row blocks all fit on the GPU at once (two per SM).
 // From 32 tokens on, its blocks re-read x from L2 and this rung is up to four times faster. Weights
 // of kLargeWeight bytes and more (14336 x 4096 in 16 bits) stay here at every token count: back to
-// back in a CUDA graph, as serving engines run decode, rung 10 trailed torch.mm on them (0.94-1.01x
-// at 1-8 tokens, 0.84-0.97x at 16; two runs) while this rung ran at 0.97-1.15x, and with L2
+// back in a CUDA graph, as serving engines run decode, rung 10 trailed torch.mm on them (down to
+// 0.94x at 1-8 tokens, 0.84-0.97x at 16; two runs) while this rung ran at 0.97-1.15x, and with L2
 // cleared this rung's 1.00-1.11x still beat torch.mm. On 4096 x 4096 (32 MiB) both timings put
-// both rungs ahead of torch.mm (1.04-1.28x).
+// both rungs ahead of torch.mm (1.03-1.28x).
 constexpr int64_t kLargeWeight = int64_t(64) << 20;
 
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
