@@ -191,6 +191,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   const auto step = [&](int k0, auto full) {
     constexpr bool kFull = decltype(full)::value;
     float fresh[TILES][4] = {};  // float32 only, see kFreshSums
+    float(&into)[TILES][4] = kFreshSums ? fresh : acc;  // where this step's MMAs accumulate
     uint4 wv[kChunks][2], xv[kChunks][TILES];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -231,13 +232,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
           for (int ia = kTerms - 1; ia >= 0; --ia) {
 #pragma unroll
-            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) {
-              if constexpr (kFreshSums) {
-                Op::run(fresh[j], a[s][ia], b[ib]);
-              } else {
-                Op::run(acc[j], a[s][ia], b[ib]);
-              }
-            }
+            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) Op::run(into[j], a[s][ia], b[ib]);
           }
         }
       }
