@@ -148,6 +148,39 @@ def test_split_k_takes_the_split_path():
     assert kernel_grids(lambda: mmv.matmul(a, a, ALGORITHM), "wgmma_kernel")[0][1] == 1
 
 
+# Mid-size outputs and the launch grid (blocks, splits) each takes on a GPU of 132 SMs: narrow
+# 128 x 128 tiles in two splits (2 tile rows x 32 columns, a K tail of 8 in the last split); an
+# odd count of tile rows (3), whose wide tiles split 8 ways unpaired; narrow tiles filling most
+# SMs in one wave, unpaired (3 x 40) and paired (2 x 55, 55 pairs); K split over wide tiles
+# unpaired because 3 tile rows do not pair up, in as many splits as fit (2 x 48 blocks).
+PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((300, 1000, 8200), (12, 8)),
+               ((300, 5000, 200), (120, 1)), ((256, 7000, 320), (110, 1)),
+               ((384, 4096, 4096), (48, 2))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_mid_size_plans(dtype, a_layout, b_layout):
+    """Each plan of PLAN_SHAPES computes the product in every operand layout."""
+    torch.manual_seed(0)
+    for (m, n, k), _ in PLAN_SHAPES:
+        a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
+        assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+def test_mid_size_plans_take_their_grids():
+    """The grids of PLAN_SHAPES, which depend on the SM count (H100 SXM and H200: 132)."""
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected grids are those of a GPU with 132 SMs")
+    for (m, n, k), (blocks, splits) in PLAN_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM), "wgmma_kernel")
+        assert grids == [(blocks, splits, 1)], f"{m}x{n}x{k}: grids {grids}"
+
+
 @needs_sm90
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])
 def test_split_k_with_linear_epilogue(activation):
@@ -190,7 +223,7 @@ def test_nn_linear_shapes(dtype):
     """x @ w.t() for an nn.Linear weight w [N, K], the layout models use."""
     torch.manual_seed(0)
     x = torch.randn(512, 4096, device="cuda").to(dtype)
-    for n, k in [(4096, 4096), (1024, 4096)]:  # wide tiles, then narrow ones
+    for n, k in [(4096, 4096), (1024, 4096)]:  # narrow tiles in one wave, then in two K splits
         w = torch.randn(n, k, device="cuda").to(dtype)
         assert_matches_reference(x[:, :k], w.t(), ALGORITHM)
 

@@ -22,7 +22,8 @@
 //   A stage is free again once the consumers of both blocks have read it.
 // - Split K for outputs too small to give half the SMs a tile, when K is long enough to repay it
 //   (e.g. 128 or 256 tokens against a 4096 x 4096 weight): each tile (or pair sharing B) is split
-//   over up to 8 blocks of a cluster, each a range of K. Each leaves its float sums in its own
+//   over up to 8 blocks of a cluster, each a range of K; up to K = 8191, narrow tiles in two
+//   splits where there are enough of them, since adding few partial tiles costs least. Each leaves its float sums in its own
 //   shared memory (over the drained ring); after a cluster barrier every block adds a share of
 //   its tile over the splits (distributed shared memory), in split order, and stores it. No
 //   atomics and no second launch: the same bits on every run. Wide tiles and B sharing keep the
@@ -30,7 +31,7 @@
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
 // row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would
-// leave SMs idle; 128 x 320 with 3 stages (each k16 step a wgmma of N = 256 and one of N = 64)
+// leave SMs idle (paired only where the tile rows pair up evenly); 128 x 320 with 3 stages (each k16 step a wgmma of N = 256 and one of N = 64)
 // where N divides into them with fewer waves of tiles, as on an nn.Linear weight of 14336 rows.
 // fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
 // dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
@@ -99,6 +100,7 @@ constexpr int kMaxClusterBlocks = 8;
 // ring holds: its loads and its multiply-adds overlap as in an unsplit tile.
 constexpr int kMinStepsToSplit = 4096 / BK;
 constexpr int kMinStepsPerSplit = kMinStepsToSplit / kMaxClusterBlocks;
+constexpr int64_t kMinNarrowSplitTiles = 16;  // launch_split
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
@@ -544,32 +546,6 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
                         steps_per_split);
 }
 
-// K split over clusters, when the output's kCluster-block groups of tile shape S fill at most
-// half the SMs and K is long (kMinStepsToSplit): the most splits (up to a cluster of
-// kMaxClusterBlocks) whose clusters all fit at once. Returns whether it launched.
-template <class S, int kCluster, class G, class Epi>
-bool launch_split(const G& g, const Epi& epi, int sms) {
-  const int64_t groups = tile_count<S, kCluster>(g.M, g.N), k_steps = ceil_div(g.K, BK);
-  if (2 * groups * kCluster > sms || k_steps < kMinStepsToSplit) return false;
-  const int per_split =
-      steps_per_split(kernel_for<S, kCluster, G, Epi>(), kThreads, S::kSmemBytes, kCluster,
-                      groups, k_steps, kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
-  if (per_split >= k_steps) return false;
-  launch<S, kCluster>(g, epi, per_split);
-  return true;
-}
-
-// Pairs of blocks along M share B when there are two tile rows to pair.
-template <class S, class G, class Epi>
-void launch_tiles(const G& g, const Epi& epi) {
-  const int all_steps = static_cast<int>(ceil_div(g.K, BK));
-  if (g.M > BM) {
-    launch<S, 2>(g, epi, all_steps);
-  } else {
-    launch<S, 1>(g, epi, all_steps);
-  }
-}
-
 // Full waves of `tiles` equal tiles, one per SM.
 int64_t waves(int64_t tiles, int sms) { return (tiles + sms - 1) / sms; }
 
@@ -578,22 +554,87 @@ double wave_efficiency(int64_t tiles, int sms) {
   return static_cast<double>(tiles) / static_cast<double>(waves(tiles, sms) * sms);
 }
 
-// Outputs that leave at least half the SMs without a wide tile split K over clusters, in wide
-// tiles: they read the least L2 per multiply-add, which is what bounds small-M products.
-// Otherwise wide tiles, unless narrow ones fill the SMs enough better to make up for reading more
-// of L2 per multiply-add (taken as a tenth of their speed), or wider ones (128 x 320, pairs only)
-// take less SM time in whole waves: they read a tenth less L2 per multiply-add than wide ones,
-// which gained 2-4% on 4096 x 14336 x 4096 (H200), but 4096 columns make 12.8 of them a row, and
-// on 4096^3 the rows' 13th tiles cost a fifth wave.
+// Whether the output's tile rows pair up evenly. With an odd count, the last pair's second block
+// streams B for rows that all lie past M, whose A boxes the copy engine fills with zeros, slowly.
+bool rows_pair_evenly(int64_t M) { return ceil_div(M, BM) % 2 == 0; }
+
+// Whether blocks of tile shape S pair along M to share B. Wide tiles pair whenever there are two
+// tile rows: sharing their B pays for an idle last block (H100, bf16, unsplit, 320-640 tokens:
+// pairs 4-12% faster on a 14336-row weight, within 2% elsewhere). Narrow ones, which read too
+// little B per block for that, pair only where the rows pair up evenly (unpaired 3-27% faster at
+// 320 and 384 tokens on every weight timed).
+template <class S>
+bool pairs_along_m(int64_t M) {
+  return S::BN > NarrowTile::BN ? M > BM : rows_pair_evenly(M);
+}
+
+// Launches tile shape S over all of K, paired along M where pairs_along_m says so.
+template <class S, class G, class Epi>
+void launch_tiles(const G& g, const Epi& epi) {
+  const int all_steps = static_cast<int>(ceil_div(g.K, BK));
+  if (pairs_along_m<S>(g.M)) {
+    launch<S, 2>(g, epi, all_steps);
+  } else {
+    launch<S, 1>(g, epi, all_steps);
+  }
+}
+
+// K split over clusters of wide tiles, when the output's kCluster-block groups fill at most half
+// the SMs and K is long (kMinStepsToSplit): the most splits (up to a cluster of
+// kMaxClusterBlocks) whose clusters all fit at once. Returns whether it launched.
+template <int kCluster, class G, class Epi>
+bool launch_wide_split(const G& g, const Epi& epi, int sms) {
+  using S = WideTile;
+  const int64_t groups = tile_count<S, kCluster>(g.M, g.N), k_steps = ceil_div(g.K, BK);
+  if (2 * groups * kCluster > sms) return false;
+  const int per_split =
+      steps_per_split(kernel_for<S, kCluster, G, Epi>(), kThreads, S::kSmemBytes, kCluster,
+                      groups, k_steps, kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
+  if (per_split >= k_steps) return false;
+  launch<S, kCluster>(g, epi, per_split);
+  return true;
+}
+
+// Outputs too small to keep the SMs busy over a long K split it. Up to K = 8191, narrow tiles
+// in two splits where there are kMinNarrowSplitTiles of them and they fit on half the SMs:
+// adding two partial tiles costs little, and on the H100 they ran 5-23% faster than wide tiles
+// split 3 to 8 ways (65-512 tokens against 4096 x 4096 and 1024 x 4096 weights; at K = 14336
+// within +-6% of them, so the wide tiles' lower L2 traffic keeps the longer K). Fewer narrow tiles
+// leave most SMs idle: 8 of them (1024 columns, up to 128 tokens) ran 4-9% slower than 4 wide
+// tiles in 8 splits.
+// Otherwise wide tiles (up to 8 splits), paired where the rows pair up evenly: at 320 and 384
+// tokens, K = 14336, unpaired ones in two splits ran 1.35-1.4 times as fast as pairs in three.
+template <class G, class Epi>
+bool launch_split(const G& g, const Epi& epi, int sms) {
+  const int64_t k_steps = ceil_div(g.K, BK);
+  if (k_steps < kMinStepsToSplit) return false;
+  const int64_t narrow_tiles = tile_count<NarrowTile>(g.M, g.N);
+  if (k_steps < 2 * kMinStepsToSplit && narrow_tiles >= kMinNarrowSplitTiles &&
+      2 * narrow_tiles <= sms) {
+    launch<NarrowTile, 1>(g, epi, static_cast<int>(ceil_div(k_steps, 2)));
+    return true;
+  }
+  return rows_pair_evenly(g.M) ? launch_wide_split<2>(g, epi, sms)
+                               : launch_wide_split<1>(g, epi, sms);
+}
+
+// Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
+// 14336-row weight: 6-9% faster than wide tiles split two ways, H100). Then outputs that leave
+// at least half the SMs without a wide tile split K (launch_split). Otherwise wide tiles, unless
+// narrow ones fill the SMs enough better to make up for reading more of L2 per multiply-add
+// (taken as a tenth of their speed), or wider ones (128 x 320, pairs only) take less SM time in
+// whole waves: they read a tenth less L2 per multiply-add than wide ones, which gained 2-4% on
+// 4096 x 14336 x 4096 (H200), but 4096 columns make 12.8 of them a row, and on 4096^3 the rows'
+// 13th tiles cost a fifth wave.
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  const bool split = g.M > BM ? launch_split<WideTile, 2>(g, epi, sms)
-                              : launch_split<WideTile, 1>(g, epi, sms);
-  if (split) return;
+  const int64_t narrow_tiles = tile_count<NarrowTile>(g.M, g.N);
+  const double narrow = wave_efficiency(narrow_tiles, sms);
+  if (narrow_tiles <= sms && narrow >= 0.8) return launch_tiles<NarrowTile>(g, epi);
+  if (launch_split(g, epi, sms)) return;
   const int64_t wide_tiles = tile_count<WideTile>(g.M, g.N);
   const double wide = wave_efficiency(wide_tiles, sms);
-  const double narrow = wave_efficiency(tile_count<NarrowTile>(g.M, g.N), sms);
   const int64_t wider_time = waves(tile_count<WiderTile>(g.M, g.N), sms) * WiderTile::BN;
   if (0.9 * narrow > wide) {
     launch_tiles<NarrowTile>(g, epi);
