@@ -22,17 +22,19 @@
 //   A stage is free again once the consumers of both blocks have read it.
 // - Split K for outputs too small to give half the SMs a tile, when K is long enough to repay it
 //   (e.g. 128 or 256 tokens against a 4096 x 4096 weight): each tile (or pair sharing B) is split
-//   over up to 8 blocks of a cluster, each a range of K; up to K = 8191, narrow tiles in two
-//   splits where there are enough of them, since adding few partial tiles costs least. Each leaves its float sums in its own
-//   shared memory (over the drained ring); after a cluster barrier every block adds a share of
-//   its tile over the splits (distributed shared memory), in split order, and stores it. No
-//   atomics and no second launch: the same bits on every run. Wide tiles and B sharing keep the
-//   L2 traffic per multiply-add low, which is what bounds these small-M products.
+//   over up to 8 blocks of a cluster, each a range of K (up to K = 8191, narrow tiles in two
+//   splits where there are enough of them: adding few partial tiles costs least). Each leaves
+//   its float sums in its own shared memory (over the drained ring); after a cluster barrier
+//   every block adds a share of its tile over the splits (distributed shared memory), in split
+//   order, and stores it. No atomics and no second launch: the same bits on every run. Wide
+//   tiles and B sharing keep the L2 traffic per multiply-add low, which is what bounds these
+//   small-M products.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
 // row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would
-// leave SMs idle (paired only where the tile rows pair up evenly); 128 x 320 with 3 stages (each k16 step a wgmma of N = 256 and one of N = 64)
-// where N divides into them with fewer waves of tiles, as on an nn.Linear weight of 14336 rows.
+// leave SMs idle (paired only where the tile rows pair up evenly); 128 x 320 with 3 stages (each
+// k16 step a wgmma of N = 256 and one of N = 64) where N divides into them with fewer waves of
+// tiles, as on an nn.Linear weight of 14336 rows.
 // fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
 // dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
 // tile while the copy engine writes the last one.
@@ -100,7 +102,7 @@ constexpr int kMaxClusterBlocks = 8;
 // ring holds: its loads and its multiply-adds overlap as in an unsplit tile.
 constexpr int kMinStepsToSplit = 4096 / BK;
 constexpr int kMinStepsPerSplit = kMinStepsToSplit / kMaxClusterBlocks;
-constexpr int64_t kMinNarrowSplitTiles = 16;  // launch_split
+constexpr int64_t kMinNarrowSplitTiles = 16;  // narrow tiles needed to split them (launch_split)
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
@@ -559,10 +561,10 @@ double wave_efficiency(int64_t tiles, int sms) {
 bool rows_pair_evenly(int64_t M) { return ceil_div(M, BM) % 2 == 0; }
 
 // Whether blocks of tile shape S pair along M to share B. Wide tiles pair whenever there are two
-// tile rows: sharing their B pays for an idle last block (H100, bf16, unsplit, 320-640 tokens:
-// pairs 4-12% faster on a 14336-row weight, within 2% elsewhere). Narrow ones, which read too
-// little B per block for that, pair only where the rows pair up evenly (unpaired 3-27% faster at
-// 320 and 384 tokens on every weight timed).
+// tile rows: sharing their B pays for an idle last block (H100, bf16, unsplit, 320, 384 and 640
+// tokens: pairs 5-14% faster on a 14336-row weight, at most 3% slower on the others). Narrow
+// ones, which read too little B per block for that, pair only where the rows pair up evenly
+// (unpaired 5-44% faster at those token counts, on every weight timed).
 template <class S>
 bool pairs_along_m(int64_t M) {
   return S::BN > NarrowTile::BN ? M > BM : rows_pair_evenly(M);
@@ -597,13 +599,13 @@ bool launch_wide_split(const G& g, const Epi& epi, int sms) {
 
 // Outputs too small to keep the SMs busy over a long K split it. Up to K = 8191, narrow tiles
 // in two splits where there are kMinNarrowSplitTiles of them and they fit on half the SMs:
-// adding two partial tiles costs little, and on the H100 they ran 5-23% faster than wide tiles
-// split 3 to 8 ways (65-512 tokens against 4096 x 4096 and 1024 x 4096 weights; at K = 14336
-// within +-6% of them, so the wide tiles' lower L2 traffic keeps the longer K). Fewer narrow tiles
-// leave most SMs idle: 8 of them (1024 columns, up to 128 tokens) ran 4-9% slower than 4 wide
-// tiles in 8 splits.
-// Otherwise wide tiles (up to 8 splits), paired where the rows pair up evenly: at 320 and 384
-// tokens, K = 14336, unpaired ones in two splits ran 1.35-1.4 times as fast as pairs in three.
+// adding two partial tiles costs little, and on the H100 they ran up to 23% faster than wide
+// tiles split 3 to 8 ways and never more than 1% slower (65-1024 tokens against weights of 1024,
+// 2048 and 4096 rows, K = 4096; at K = 14336 from 6% slower to 3% faster, so the wide tiles'
+// lower L2 traffic keeps the longer K). Fewer narrow tiles leave most SMs idle: 8 of them (1024
+// columns, up to 128 tokens) ran 4-9% slower than 4 wide tiles in 8 splits. Otherwise wide tiles
+// (up to 8 splits), paired where the rows pair up evenly: at 320 and 384 tokens, K = 14336,
+// unpaired ones in two splits ran 1.3-1.8 times as fast as pairs in two or three.
 template <class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
   const int64_t k_steps = ceil_div(g.K, BK);
