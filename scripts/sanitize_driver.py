@@ -15,9 +15,11 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
           (136, 264, 4100)]
 # Paths that only larger shapes reach: skinny_tma's one-block-per-SM ring (64 tokens against a
 # 4096 x 4096 weight, on a GPU of 132 SMs); wgmma's narrow tiles in two K splits (16 of them),
-# and its wide tiles split 8 ways unpaired over an odd count of tile rows (3), rows 16-byte
-# aligned in every layout.
-EXTRA_SHAPES = {"skinny_tma": [(64, 4096, 4096)], "wgmma": [(200, 1024, 4104), (296, 264, 8200)]}
+# its wide tiles split 8 ways unpaired over an odd count of tile rows (3), and a split tail (66
+# columns of pairs, then the last, partial column in 8 splits); rows 16-byte aligned in every
+# layout.
+EXTRA_SHAPES = {"skinny_tma": [(64, 4096, 4096)],
+                "wgmma": [(200, 1024, 4104), (296, 264, 8200), (129, 17000, 4104)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 

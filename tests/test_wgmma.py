@@ -181,13 +181,47 @@ def test_mid_size_plans_take_their_grids():
         assert grids == [(blocks, splits, 1)], f"{m}x{n}x{k}: grids {grids}"
 
 
+# Outputs whose wide tiles make a whole wave and a few more on 132 SMs (launch_split_tail): 3 tile
+# rows x 47 columns run as 44 columns unsplit (132 tiles) and 3 (9 tiles, the last column partial)
+# in 8 splits, the last with a K tail of 8; the same with an odd N, whose C rows TMA cannot store
+# (not 16-byte aligned); 4 tile rows, whose first 33 columns run in pairs sharing B.
+TAIL_SHAPES = [((300, 12000, 4104), [(132, 1, 1), (9, 8, 1)]),
+               ((300, 12001, 4104), [(132, 1, 1), (9, 8, 1)]), ((512, 8900, 4104), None)]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_split_tail_plans(dtype, a_layout, b_layout):
+    """The two launches of a split tail together write the whole product, in every layout."""
+    torch.manual_seed(0)
+    for (m, n, k), _ in TAIL_SHAPES:
+        a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
+        assert_matches_reference(a, b, ALGORITHM)
+
+
+@needs_sm90
+def test_split_tail_takes_its_grids():
+    """A launch over the whole wave's columns, then one over the rest in K splits (132 SMs)."""
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected grids are those of a GPU with 132 SMs")
+    for (m, n, k), expected in TAIL_SHAPES:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # rows TMA can address
+        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM), "wgmma_kernel")
+        if expected is None:  # paired blocks: as many pairs as the GPU holds at once
+            assert len(grids) == 2 and grids[1] == (8, 8, 1), f"{m}x{n}x{k}: grids {grids}"
+        else:
+            assert grids == expected, f"{m}x{n}x{k}: grids {grids}"
+
+
 @needs_sm90
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])
 def test_split_k_with_linear_epilogue(activation):
     """The bias and relu are applied to the sums of the splits as they are stored (silu in a pass
     after the kernel)."""
     torch.manual_seed(0)
-    for m, n, k in SPLIT_SHAPES:
+    for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -204,7 +238,8 @@ def test_split_k_is_deterministic_and_graph_capturable():
     the cluster launch also runs inside a CUDA graph."""
     torch.manual_seed(0)
     inputs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-               torch.randn(k, n, device="cuda", dtype=torch.float16)) for m, n, k in SPLIT_SHAPES]
+               torch.randn(k, n, device="cuda", dtype=torch.float16))
+              for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES]]
     expected = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
     for (a, b), first in zip(inputs, expected):
         assert torch.equal(mmv.matmul(a, b, ALGORITHM), first)

@@ -196,14 +196,14 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
   }
 }
 
-// Writes a consumer's 64 x BN accumulators to C in T, two columns per store where N allows it:
-// the epilogue for outputs that TMA cannot address (N not a multiple of 8).
+// Writes a consumer's 64 x BN accumulators to C (rows ldc apart) in T, two columns per store
+// where ldc allows it: the epilogue for outputs that TMA cannot address (ldc not a multiple of 8).
 template <class S, typename T, class Epi>
 __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators], const Epi& epi,
-                                           T* c, int M, int N, int row0, int col0) {
+                                           T* c, int ldc, int M, int N, int row0, int col0) {
   const int lane = threadIdx.x % 32;
   const int row = row0 + 16 * (threadIdx.x / 32 % 4) + lane / 4;
-  const bool pairs = N % 2 == 0;  // C rows then start 4-byte aligned
+  const bool pairs = ldc % 2 == 0;  // C rows then start 4-byte aligned
 #pragma unroll
   for (int j = 0; j < S::BN / 8; ++j) {
     const int col = col0 + 8 * j + 2 * (lane % 4);
@@ -211,7 +211,7 @@ __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators],
     for (int h = 0; h < 2; ++h) {
       const int m = row + 8 * h;
       if (m >= M || col >= N) continue;
-      T* dst = c + static_cast<int64_t>(m) * N + col;
+      T* dst = c + static_cast<int64_t>(m) * ldc + col;
       const float x = epi(acc[4 * j + 2 * h], col), y = epi(acc[4 * j + 2 * h + 1], col + 1);
       if (pairs) {
         Vec<T, 2> v;
@@ -301,13 +301,13 @@ __device__ __forceinline__ void store_partial(const float (&acc)[S::kAccumulator
 // Split K, after the cluster barrier that follows store_partial: the consumer threads of the
 // block of split `split` take every `splits`-th run of their number of float4s of the tile, add
 // each over the partial tiles of the same tile (group rank `rank`) in every split, in split
-// order (the same bits on every run), and store the sums to C through epi.
+// order (the same bits on every run), and store the sums to C (rows ldc apart) through epi.
 template <class S, int kCluster, typename T, class Epi>
-__device__ void sum_partials(const float* partial, const Epi& epi, T* c, int M, int N, int2 origin,
-                             int rank, int split, int splits) {
+__device__ void sum_partials(const float* partial, const Epi& epi, T* c, int ldc, int M, int N,
+                             int2 origin, int rank, int split, int splits) {
   constexpr int kQuads = S::BN / 4;  // float4s per row
   constexpr int kSummers = 128 * kConsumers;
-  const bool quads = N % 4 == 0;  // C rows then start 8-byte aligned
+  const bool quads = ldc % 4 == 0;  // C rows then start 8-byte aligned
   for (int i = split * kSummers + threadIdx.x - 128; i < BM * kQuads; i += splits * kSummers) {
     const int row = i / kQuads, col = i % kQuads * 4;
     const int m = origin.x + row, n = origin.y + col;
@@ -320,7 +320,7 @@ __device__ void sum_partials(const float* partial, const Epi& epi, T* c, int M, 
       sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
     }
     const float values[4] = {sum.x, sum.y, sum.z, sum.w};
-    T* to = c + static_cast<int64_t>(m) * N + n;
+    T* to = c + static_cast<int64_t>(m) * ldc + n;
     if (quads) {
       Vec<T, 4> v;
 #pragma unroll
@@ -373,7 +373,7 @@ __device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], co
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
                         uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, const Epi& epi,
-                        T* c, int M, int N, StepRange steps, ClusterPlace place) {
+                        T* c, int ldc, int M, int N, StepRange steps, ClusterPlace place) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const TileWalk<S, kCluster> walk(M, N);
   const bool warp_leader = threadIdx.x % 32 == 0;
@@ -410,7 +410,7 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
       store_tile_async<S, T>(acc, epi, staging, c_map, consumer, origin.x + consumer * 64,
                              origin.y);
     } else {
-      store_tile<S>(acc, epi, c, M, N, origin.x + consumer * 64, origin.y);
+      store_tile<S>(acc, epi, c, ldc, M, N, origin.x + consumer * 64, origin.y);
     }
   }
   // Shared memory must outlive the stores that read it.
@@ -422,13 +422,13 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
 // of kCluster, and split y takes steps_per_split K steps (the last one fewer); the splits add up
 // their partial tiles through distributed shared memory.
 // Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded: linear's bias and
-// activation, or nothing.
+// activation, or nothing. C's rows are ldc elements apart (more than N for a slice of columns).
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
                  const __grid_constant__ CUtensorMap b_map,
-                 const __grid_constant__ CUtensorMap c_map, bool tma_store, Epi epi, T* c, int M,
-                 int N, int K, int steps_per_split) {
+                 const __grid_constant__ CUtensorMap c_map, bool tma_store, Epi epi, T* c, int ldc,
+                 int M, int N, int K, int steps_per_split) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   // 128-byte swizzled tiles must start on 1024-byte boundaries (the swizzle atom). The offset is
@@ -474,15 +474,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     hopper::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
     consume<S, T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
-                                      full, empty, tma_store ? &c_map : nullptr, epi, c, M, N,
-                                      steps, place);
+                                      full, empty, tma_store ? &c_map : nullptr, epi, c, ldc, M,
+                                      N, steps, place);
   }
   if (splits > 1) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
     hopper::cluster_sync();  // every split's partial tile is written
     if (warpgroup > 0) {
       const TileWalk<S, kCluster> walk(M, N);
-      sum_partials<S, kCluster>(reinterpret_cast<const float*>(a_tiles), epi, c, M, N,
+      sum_partials<S, kCluster>(reinterpret_cast<const float*>(a_tiles), epi, c, ldc, M, N,
                                 walk.origin(walk.first(), place.rank), place.rank, split, splits);
     }
     __syncwarp();
@@ -522,9 +522,10 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   using T = typename G::scalar;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
   const CUtensorMap b_map = operand_map(g.b, g.N, g.K, S::BN / kCluster);
-  // C rows must start on 16-byte boundaries for TMA to store them.
-  const bool tma_store = g.N % (16 / sizeof(T)) == 0;
-  const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.N, kBox) : CUtensorMap{};
+  // C rows must start on 16-byte boundaries for TMA to store them (g.c does: with_gemm's output,
+  // or whole tiles of columns past it).
+  const bool tma_store = g.ldc % (16 / sizeof(T)) == 0;
+  const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.ldc, kBox) : CUtensorMap{};
   auto* kernel = kernel_for<S, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
@@ -535,8 +536,8 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
     const ClusterLaunch split_launch(
         dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits), dim3(kCluster, splits),
         kThreads, S::kSmemBytes);
-    return split_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.M, g.N, g.K,
-                            steps_per_split);
+    return split_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M, g.N,
+                            g.K, steps_per_split);
   }
   const int resident = resident_clusters(kernel, dim3(kCluster), kThreads, S::kSmemBytes);
   TORCH_CHECK(resident > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
@@ -544,7 +545,7 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   const int64_t clusters = std::min<int64_t>(cluster_tiles, resident);
   const ClusterLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)),
                                         dim3(kCluster), kThreads, S::kSmemBytes);
-  persistent_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.M, g.N, g.K,
+  persistent_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M, g.N, g.K,
                         steps_per_split);
 }
 
@@ -620,6 +621,54 @@ bool launch_split(const G& g, const Epi& epi, int sms) {
                                : launch_wide_split<1>(g, epi, sms);
 }
 
+// Columns [n0, g.N) of g's product: B's and C's columns from n0 on, C's rows still g.ldc apart.
+template <class G>
+G columns_from(G g, int n0) {
+  g.b = g.b.from(n0);
+  g.c += n0;
+  g.N -= n0;
+  return g;
+}
+
+// Estimated time of launch_split_tail's second launch and of adding its splits, in waves of wide
+// tiles at K >= 4096 (fitted to the H100 times below); it grows as K, and so a wave, shortens.
+constexpr double kSplitTailCost = 0.2;
+
+// Outputs of a few waves of wide tiles whose last wave leaves most SMs idle (e.g. 640 x 14336:
+// 280 tiles, a third wave of 16 on 132 SMs). The tile columns that fill whole waves run as they
+// are (paired where the rows pair up evenly); the other columns, few enough tiles to split K at
+// least two ways on the SMs, then take a fraction of a wave in a second launch. Taken when its
+// estimated time, in waves of wide tiles, beats plan_waves, the estimate for the plan the output
+// would take otherwise. On the H100 (bf16, nn.Linear weights) against those plans: 1.2x at 320
+// and 640 tokens on a 14336 x 4096 weight, 1.27x at 640 on 28672 x 8192, 1.05-1.08x at 384 and
+// 1536 tokens, and 1.06x on 3072^3. Returns whether it launched.
+template <class G, class Epi>
+bool launch_split_tail(const G& g, const Epi& epi, int sms, double plan_waves) {
+  using S = WideTile;
+  const int64_t rows = ceil_div(g.M, BM), columns = ceil_div(g.N, S::BN);
+  const int64_t full_waves = rows * columns / sms, head_columns = full_waves * sms / rows;
+  if (head_columns == 0 || head_columns >= columns) return false;
+  const int64_t tail_tiles = (columns - head_columns) * rows, k_steps = ceil_div(g.K, BK);
+  const int per_split =
+      steps_per_split(kernel_for<S, 1, G, Epi>(), kThreads, S::kSmemBytes, 1, tail_tiles,
+                      k_steps, kMaxClusterBlocks, kMinStepsPerSplit);
+  const int64_t splits = ceil_div(k_steps, per_split);
+  const double tail_cost =
+      kSplitTailCost * std::max(1.0, static_cast<double>(kMinStepsToSplit) / k_steps);
+  if (splits < 2 || full_waves + 1.0 / splits + tail_cost >= plan_waves) return false;
+  const int n0 = static_cast<int>(head_columns * S::BN);
+  G head = g;
+  head.N = n0;
+  const int all_steps = static_cast<int>(k_steps);
+  if (rows_pair_evenly(g.M)) {
+    launch<S, 2>(head, epi, all_steps);
+  } else {
+    launch<S, 1>(head, epi, all_steps);
+  }
+  launch<S, 1>(columns_from(g, n0), epi.from_column(n0), per_split);
+  return true;
+}
+
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
 // 14336-row weight: 6-9% faster than wide tiles split two ways, H100). Then outputs that leave
 // at least half the SMs without a wide tile split K (launch_split). Otherwise wide tiles, unless
@@ -638,9 +687,20 @@ void launch(const G& g, const Epi& epi = {}) {
   const int64_t wide_tiles = tile_count<WideTile>(g.M, g.N);
   const double wide = wave_efficiency(wide_tiles, sms);
   const int64_t wider_time = waves(tile_count<WiderTile>(g.M, g.N), sms) * WiderTile::BN;
-  if (0.9 * narrow > wide) {
+  const int64_t wide_time = waves(wide_tiles, sms) * WideTile::BN;
+  const bool take_narrow = 0.9 * narrow > wide;
+  const bool take_wider = !take_narrow && g.M > BM && wider_time < wide_time;
+  // The plan's time in waves of wide tiles. A narrow tile has half a wide one's multiply-adds,
+  // done at nine tenths of its speed, or at its speed in pairs sharing B (H100: split tails ran
+  // up to a tenth slower than paired narrow tiles estimated at nine tenths).
+  const double narrow_wave = pairs_along_m<NarrowTile>(g.M) ? 0.5 : 0.5 / 0.9;
+  const double plan_waves =
+      take_narrow ? waves(narrow_tiles, sms) * narrow_wave
+                  : static_cast<double>(take_wider ? wider_time : wide_time) / WideTile::BN;
+  if (launch_split_tail(g, epi, sms, plan_waves)) return;
+  if (take_narrow) {
     launch_tiles<NarrowTile>(g, epi);
-  } else if (g.M > BM && wider_time < waves(wide_tiles, sms) * WideTile::BN) {
+  } else if (take_wider) {
     launch<WiderTile, 2>(g, epi, static_cast<int>(ceil_div(g.K, BK)));
   } else {
     launch_tiles<WideTile>(g, epi);

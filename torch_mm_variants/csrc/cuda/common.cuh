@@ -100,6 +100,11 @@ struct Panel {
                         : data + static_cast<int64_t>(k) * ld + x;
   }
 
+  // The panel from x = x0 on (the columns of B from n0: a slice of the product's columns).
+  __host__ __device__ Panel from(int64_t x0) const {
+    return {K_CONTIGUOUS ? data + x0 * ld : data + x0, ld};
+  }
+
   // Whether loads of `bytes` along the contiguous dimension, starting at a multiple of their
   // width, are aligned: the base pointer and the leading dimension both allow it.
   bool aligned(int bytes) const {
@@ -107,7 +112,8 @@ struct Panel {
   }
 };
 
-// out[M, N] = a[M, K] @ b[K, N]; out is contiguous (leading dimension N). 32-bit sizes.
+// out[M, N] = a[M, K] @ b[K, N]; out's rows are ldc elements apart: N for the whole product
+// (with_gemm), more for a slice of its columns. 32-bit sizes.
 template <typename T, bool A_K_CONTIGUOUS, bool B_K_CONTIGUOUS>
 struct Gemm {
   using scalar = T;
@@ -115,9 +121,10 @@ struct Gemm {
   Panel<T, B_K_CONTIGUOUS> b;  // x = n
   T* c;
   int M, N, K;
+  int ldc;
 
   __device__ __forceinline__ T* c_at(int m, int n) const {
-    return c + static_cast<int64_t>(m) * N + n;
+    return c + static_cast<int64_t>(m) * ldc + n;
   }
 };
 
@@ -168,7 +175,7 @@ void with_gemm(const at::Tensor& a_in, const at::Tensor& b_in, at::Tensor& out, 
       [&](auto a_k, auto b_k) {
         using G = Gemm<T, decltype(a_k)::value, decltype(b_k)::value>;
         f(G{{A.data, A.ld}, {B.data, B.ld}, c, static_cast<int>(M), static_cast<int>(N),
-            static_cast<int>(K)});
+            static_cast<int>(K), static_cast<int>(N)});
       },
       !A.col_major, B.col_major);
 }

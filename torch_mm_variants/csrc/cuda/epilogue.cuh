@@ -30,6 +30,8 @@ __device__ __forceinline__ float activate(float x) {
 // The plain matmul: sums are stored as they are.
 struct NoEpilogue {
   __device__ __forceinline__ float operator()(float sum, int) const { return sum; }
+  // The epilogue of the output's columns from n0 on, counted from 0 (a kernel run on a slice).
+  NoEpilogue from_column(int) const { return *this; }
 };
 
 // bias[n] added (when there is a bias), then activation A. Kernels may call it for columns past
@@ -42,6 +44,9 @@ struct BiasActivation {
   __device__ __forceinline__ float operator()(float sum, int column) const {
     if (bias != nullptr && column < columns) sum += static_cast<float>(bias[column]);
     return activate<A>(sum);
+  }
+  BiasActivation from_column(int n0) const {
+    return {bias != nullptr ? bias + n0 : nullptr, columns - n0};
   }
 };
 
