@@ -123,9 +123,9 @@ def test_every_split_count(dtype, a_layout, b_layout):
                 assert_matches_reference(a, b, ALGORITHM)
 
 
-# Outputs of few 128 x 256 tiles: K split over clusters on a GPU of 132 SMs, with pairs of blocks
-# sharing B tiles in all but the last. K keeps contiguous rows 16-byte aligned (TMA's need; other
-# views run rung 8) and leaves a K tail of 8 in the last split.
+# Outputs of few tiles: K split over clusters on a GPU of 132 SMs (narrow tiles in 2, 8 and 8
+# splits). K keeps contiguous rows 16-byte aligned (TMA's need; other views run rung 8) and leaves
+# a K tail of 8 in the last split.
 SPLIT_SHAPES = [(256, 4096, 4096), (136, 264, 4104), (100, 1000, 4104)]
 
 
@@ -149,13 +149,16 @@ def test_split_k_takes_the_split_path():
 
 
 # Mid-size outputs and the launch grid (blocks, splits) each takes on a GPU of 132 SMs: narrow
-# 128 x 128 tiles in two splits (2 tile rows x 32 columns, a K tail of 8 in the last split); an
-# odd count of tile rows (3), whose wide tiles split 8 ways unpaired; narrow tiles filling most
-# SMs in one wave, unpaired (3 x 40) and paired (2 x 55, 55 pairs); K split over wide tiles
-# unpaired because 3 tile rows do not pair up, in as many splits as fit (2 x 48 blocks).
-PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((300, 1000, 8200), (12, 8)),
-               ((300, 5000, 200), (120, 1)), ((256, 7000, 320), (110, 1)),
-               ((384, 4096, 4096), (48, 2))]
+# 128 x 128 tiles in two splits (2 tile rows x 32 columns, a K tail of 8 in the last split), in
+# eight (8 tiles) and in three (32 tiles: three quarters of the SMs); past K = 8192 wide tiles,
+# split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows;
+# narrow tiles filling most SMs in one wave, unpaired (3 x 40) and paired (2 x 55, 55 pairs); K
+# split over wide tiles unpaired because 3 tile rows do not pair up, in as many splits as fit
+# (2 x 48 blocks).
+PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((128, 1024, 4096), (8, 8)),
+               ((256, 2048, 8192), (32, 3)), ((300, 1000, 8200), (12, 8)),
+               ((256, 1000, 8200), (8, 4)), ((300, 5000, 200), (120, 1)),
+               ((256, 7000, 320), (110, 1)), ((384, 4096, 4096), (48, 2))]
 
 
 @needs_sm90
@@ -258,7 +261,7 @@ def test_nn_linear_shapes(dtype):
     """x @ w.t() for an nn.Linear weight w [N, K], the layout models use."""
     torch.manual_seed(0)
     x = torch.randn(512, 4096, device="cuda").to(dtype)
-    for n, k in [(4096, 4096), (1024, 4096)]:  # narrow tiles in one wave, then in two K splits
+    for n, k in [(4096, 4096), (1024, 4096)]:  # narrow tiles in one wave, then in K splits
         w = torch.randn(n, k, device="cuda").to(dtype)
         assert_matches_reference(x[:, :k], w.t(), ALGORITHM)
 

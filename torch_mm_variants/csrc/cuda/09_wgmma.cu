@@ -22,13 +22,14 @@
 //   A stage is free again once the consumers of both blocks have read it.
 // - Split K for outputs too small to give half the SMs a tile, when K is long enough to repay it
 //   (e.g. 128 or 256 tokens against a 4096 x 4096 weight): each tile (or pair sharing B) is split
-//   over up to 8 blocks of a cluster, each a range of K (up to K = 8191, narrow tiles in two
-//   splits where there are enough of them: adding few partial tiles costs least). Each leaves
-//   its float sums in its own shared memory (over the drained ring); after a cluster barrier
-//   every block adds a share of its tile over the splits (distributed shared memory), in split
-//   order, and stores it. No atomics and no second launch: the same bits on every run. Wide
-//   tiles and B sharing keep the L2 traffic per multiply-add low, which is what bounds these
-//   small-M products.
+//   over up to 8 blocks of a cluster, each a range of K (up to K = 8192 narrow tiles, in as many
+//   splits as fill three quarters of the SMs). Each leaves its float sums in its own shared
+//   memory (over the drained ring); after a cluster barrier every block adds a share of its tile
+//   over the splits (distributed shared memory), in split order, and stores it. No atomics and
+//   no second launch: the same bits on every run. Beyond K = 8192, wide tiles and B sharing
+//   keep the L2 traffic per multiply-add low, which is what bounds these small-M products.
+// - Split tails: where the last wave of tiles would leave most SMs idle, the tile columns that
+//   fill whole waves run first and the others follow in a second launch with K split.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
 // row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would
@@ -102,7 +103,6 @@ constexpr int kMaxClusterBlocks = 8;
 // ring holds: its loads and its multiply-adds overlap as in an unsplit tile.
 constexpr int kMinStepsToSplit = 4096 / BK;
 constexpr int kMinStepsPerSplit = kMinStepsToSplit / kMaxClusterBlocks;
-constexpr int64_t kMinNarrowSplitTiles = 16;  // narrow tiles needed to split them (launch_split)
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
@@ -598,25 +598,34 @@ bool launch_wide_split(const G& g, const Epi& epi, int sms) {
   return true;
 }
 
-// Outputs too small to keep the SMs busy over a long K split it. Up to K = 8191, narrow tiles
-// in two splits where there are kMinNarrowSplitTiles of them and they fit on half the SMs:
-// adding two partial tiles costs little, and on the H100 they ran up to 23% faster than wide
-// tiles split 3 to 8 ways and never more than 1% slower (65-1024 tokens against weights of 1024,
-// 2048 and 4096 rows, K = 4096; at K = 14336 from 6% slower to 3% faster, so the wide tiles'
-// lower L2 traffic keeps the longer K). Fewer narrow tiles leave most SMs idle: 8 of them (1024
-// columns, up to 128 tokens) ran 4-9% slower than 4 wide tiles in 8 splits. Otherwise wide tiles
-// (up to 8 splits), paired where the rows pair up evenly: at 320 and 384 tokens, K = 14336,
-// unpaired ones in two splits ran 1.3-1.8 times as fast as pairs in two or three.
+// Narrow tiles split K where they fit on half the SMs, up to K = 8192: into as many splits as
+// keep the blocks within three quarters of the SMs (two at least), up to 8. On the H100 (bf16,
+// K = 4096 and 8192, 128-384 tokens against 1024-4096 weight rows) the best split count was
+// always within 5% of that one, which ran up to 1.45 times as fast as two splits and up to 1.3
+// times as fast as wide tiles split 8 ways; 128 blocks in clusters of 4 or 8 ran about as slow
+// as two waves. Returns whether it launched.
+template <class G, class Epi>
+bool launch_narrow_split(const G& g, const Epi& epi, int sms) {
+  using S = NarrowTile;
+  const int64_t tiles = tile_count<S>(g.M, g.N), k_steps = ceil_div(g.K, BK);
+  if (k_steps > 2 * kMinStepsToSplit || 2 * tiles > sms) return false;
+  const int64_t most = std::min<int64_t>(kMaxClusterBlocks, std::max<int64_t>(2, 3 * sms / (4 * tiles)));
+  const int per_split = steps_per_split(kernel_for<S, 1, G, Epi>(), kThreads, S::kSmemBytes, 1,
+                                        tiles, k_steps, static_cast<int>(most), kMinStepsPerSplit);
+  if (per_split >= k_steps) return false;
+  launch<S, 1>(g, epi, per_split);
+  return true;
+}
+
+// Outputs too small to keep the SMs busy over a long K split it: narrow tiles where
+// launch_narrow_split takes them, otherwise wide tiles (up to 8 splits; at K = 14336 narrow ones
+// in two splits ran from 6% slower to 3% faster, and the wide tiles read less L2), paired where
+// the rows pair up evenly: at 320 and 384 tokens, K = 14336, unpaired ones in two splits ran
+// 1.3-1.8 times as fast as pairs in two or three.
 template <class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
-  const int64_t k_steps = ceil_div(g.K, BK);
-  if (k_steps < kMinStepsToSplit) return false;
-  const int64_t narrow_tiles = tile_count<NarrowTile>(g.M, g.N);
-  if (k_steps < 2 * kMinStepsToSplit && narrow_tiles >= kMinNarrowSplitTiles &&
-      2 * narrow_tiles <= sms) {
-    launch<NarrowTile, 1>(g, epi, static_cast<int>(ceil_div(k_steps, 2)));
-    return true;
-  }
+  if (ceil_div(g.K, BK) < kMinStepsToSplit) return false;
+  if (launch_narrow_split(g, epi, sms)) return true;
   return rows_pair_evenly(g.M) ? launch_wide_split<2>(g, epi, sms)
                                : launch_wide_split<1>(g, epi, sms);
 }
