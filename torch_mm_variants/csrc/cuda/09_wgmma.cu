@@ -609,7 +609,8 @@ bool launch_narrow_split(const G& g, const Epi& epi, int sms) {
   using S = NarrowTile;
   const int64_t tiles = tile_count<S>(g.M, g.N), k_steps = ceil_div(g.K, BK);
   if (k_steps > 2 * kMinStepsToSplit || 2 * tiles > sms) return false;
-  const int64_t most = std::min<int64_t>(kMaxClusterBlocks, std::max<int64_t>(2, 3 * sms / (4 * tiles)));
+  const int64_t most =
+      std::min<int64_t>(kMaxClusterBlocks, std::max<int64_t>(2, 3 * sms / (4 * tiles)));
   const int per_split = steps_per_split(kernel_for<S, 1, G, Epi>(), kThreads, S::kSmemBytes, 1,
                                         tiles, k_steps, static_cast<int>(most), kMinStepsPerSplit);
   if (per_split >= k_steps) return false;
