@@ -166,8 +166,13 @@ PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((128, 1024, 4096), (8, 8)),
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_mid_size_plans(dtype, a_layout, b_layout):
     """Each plan of PLAN_SHAPES computes the product in every operand layout."""
+    assert_plans_match_reference(PLAN_SHAPES, dtype, a_layout, b_layout)
+
+
+def assert_plans_match_reference(plans, dtype, a_layout, b_layout):
+    """Checks the product of each ((m, n, k), grids) of plans in the given operand layouts."""
     torch.manual_seed(0)
-    for (m, n, k), _ in PLAN_SHAPES:
+    for (m, n, k), _ in plans:
         a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
         assert_matches_reference(a, b, ALGORITHM)
 
@@ -197,10 +202,7 @@ TAIL_SHAPES = [((300, 12000, 4104), [(132, 1, 1), (9, 8, 1)]),
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_split_tail_plans(dtype, a_layout, b_layout):
     """The two launches of a split tail together write the whole product, in every layout."""
-    torch.manual_seed(0)
-    for (m, n, k), _ in TAIL_SHAPES:
-        a, b = padded_view(m, k, a_layout, dtype), padded_view(k, n, b_layout, dtype)
-        assert_matches_reference(a, b, ALGORITHM)
+    assert_plans_match_reference(TAIL_SHAPES, dtype, a_layout, b_layout)
 
 
 @needs_sm90
