@@ -20,7 +20,7 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # column in 8 splits); rows 16-byte aligned in every layout.
 EXTRA_SHAPES = {"skinny_tma": [(64, 4096, 4096)],
                 "wgmma": [(200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
-                          (129, 17000, 4104)]}
+                          (129, 17000, 4104), (300, 7680, 136)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 

@@ -152,13 +152,15 @@ def test_split_k_takes_the_split_path():
 # 128 x 128 tiles in two splits (2 tile rows x 32 columns, a K tail of 8 in the last split), in
 # eight (8 tiles) and in three (32 tiles: three quarters of the SMs); past K = 8192 wide tiles,
 # split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows;
-# narrow tiles filling most SMs in one wave, unpaired (3 x 40) and paired (2 x 55, 55 pairs); K
-# split over wide tiles unpaired because 3 tile rows do not pair up, in as many splits as fit
-# (2 x 48 blocks).
+# narrow tiles filling most SMs in one wave, unpaired (3 x 40) and paired (2 x 55, 55 pairs),
+# and unpaired over 3 full rows (3 x 32: 73% of the SMs); wide tiles in pairs over 3 rows (the
+# last pair's second block lies past M: 60 pairs), and unpaired where pairs would need a second
+# wave (3 x 43).
 PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((128, 1024, 4096), (8, 8)),
                ((256, 2048, 8192), (32, 3)), ((300, 1000, 8200), (12, 8)),
                ((256, 1000, 8200), (8, 4)), ((300, 5000, 200), (120, 1)),
-               ((256, 7000, 320), (110, 1)), ((384, 4096, 4096), (48, 2))]
+               ((256, 7000, 320), (110, 1)), ((384, 4096, 4096), (96, 1)),
+               ((300, 7680, 136), (120, 1)), ((320, 11008, 256), (129, 1))]
 
 
 @needs_sm90

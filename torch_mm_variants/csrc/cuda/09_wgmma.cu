@@ -171,13 +171,17 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
   for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
     const int2 origin = walk.origin(t, rank);
     const int n0 = origin.y;
+    // A pair's second block past M (an odd number of tile rows) only passes its share of B on.
+    const bool rows_past_m = origin.x >= M;
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages, k0 = ks * BK;
       hopper::mbarrier_wait(&empty[s], ((it / S::kStages) & 1) ^ 1);
-      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes);
+      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes - (rows_past_m ? kATile * 2 : 0));
       uint16_t* a = a_tiles + s * kATile;
       uint16_t* b = b_tiles + s * S::kBTile;
-      if constexpr (kAK) {
+      if (rows_past_m) {
+        // nothing of A to load
+      } else if constexpr (kAK) {
         hopper::tma_load_2d(a, a_map, &full[s], k0, origin.x);
       } else {
 #pragma unroll
@@ -381,6 +385,14 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
   int it = 0;
   for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
     const int2 origin = walk.origin(t, place.rank);
+    if (origin.x >= M) {  // rows past M: the stages are only handed back, for the pair's B
+      for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
+        const int s = it % S::kStages;
+        hopper::mbarrier_wait(&full[s], (it / S::kStages) & 1);
+        if (warp_leader) release_stage<kCluster>(&empty[s], place);
+      }
+      continue;
+    }
     int previous = 0;
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages;
@@ -558,28 +570,46 @@ double wave_efficiency(int64_t tiles, int sms) {
 }
 
 // Whether the output's tile rows pair up evenly. With an odd count, the last pair's second block
-// streams B for rows that all lie past M, whose A boxes the copy engine fills with zeros, slowly.
+// has rows that all lie past M: it loads no A and multiplies nothing, but holds an SM to stream
+// its share of B to its partner.
 bool rows_pair_evenly(int64_t M) { return ceil_div(M, BM) % 2 == 0; }
 
-// Whether blocks of tile shape S pair along M to share B. Wide tiles pair whenever there are two
-// tile rows: sharing their B pays for an idle last block (H100, bf16, unsplit, 320, 384 and 640
-// tokens: pairs 5-14% faster on a 14336-row weight, at most 3% slower on the others). Narrow
-// ones, which read too little B per block for that, pair only where the rows pair up evenly
-// (unpaired 5-44% faster at those token counts, on every weight timed).
+// Blocks of tile shape S in pairs along M, the last pair's second block past M included.
 template <class S>
-bool pairs_along_m(int64_t M) {
-  return S::BN > NarrowTile::BN ? M > BM : rows_pair_evenly(M);
+int64_t paired_blocks(int64_t M, int64_t N) {
+  return 2 * tile_count<S, 2>(M, N);
+}
+
+// Whether blocks of tile shape S pair along M to share B. Wide tiles pair wherever there are two
+// tile rows and the pairs take no more waves than single blocks: sharing B pays for an idle last
+// block (H100, bf16, unsplit, 320, 384 and 640 tokens: pairs 9-17% faster on a 14336-row weight
+// and 11% at 640 on 11008 rows, at most 4% slower on 4096 rows), but not for a second wave (320
+// and 384 tokens on 11008 rows: 129 single blocks in one wave against 172 paired ones; pairs
+// 0.74 and 0.67 times as fast). Narrow ones, which read too little B per block for that, pair
+// only where the rows pair up evenly: over 3 or 5 rows pairs ran from 0.91 to 1.23 times as fast
+// as single blocks, slower at every weight at 384 tokens (4096, 11008 and 14336 rows).
+template <class S>
+bool pairs_along_m(int64_t M, int64_t N, int sms) {
+  if (S::BN == NarrowTile::BN) return rows_pair_evenly(M);
+  return M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tile_count<S>(M, N), sms);
+}
+
+// Launches tile shape S over all of K, in pairs along M that share B tiles or alone.
+template <class S, class G, class Epi>
+void launch_tiles(const G& g, const Epi& epi, bool paired) {
+  const int all_steps = static_cast<int>(ceil_div(g.K, BK));
+  if (paired) {
+    launch<S, 2>(g, epi, all_steps);
+  } else {
+    launch<S, 1>(g, epi, all_steps);
+  }
 }
 
 // Launches tile shape S over all of K, paired along M where pairs_along_m says so.
 template <class S, class G, class Epi>
 void launch_tiles(const G& g, const Epi& epi) {
-  const int all_steps = static_cast<int>(ceil_div(g.K, BK));
-  if (pairs_along_m<S>(g.M)) {
-    launch<S, 2>(g, epi, all_steps);
-  } else {
-    launch<S, 1>(g, epi, all_steps);
-  }
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  launch_tiles<S>(g, epi, pairs_along_m<S>(g.M, g.N, sms));
 }
 
 // K split over clusters of wide tiles, when the output's kCluster-block groups fill at most half
@@ -669,14 +699,21 @@ bool launch_split_tail(const G& g, const Epi& epi, int sms, double plan_waves) {
   const int n0 = static_cast<int>(head_columns * S::BN);
   G head = g;
   head.N = n0;
-  const int all_steps = static_cast<int>(k_steps);
-  if (rows_pair_evenly(g.M)) {
-    launch<S, 2>(head, epi, all_steps);
-  } else {
-    launch<S, 1>(head, epi, all_steps);
-  }
+  launch_tiles<S>(head, epi, rows_pair_evenly(g.M));
   launch<S, 1>(columns_from(g, n0), epi.from_column(n0), per_split);
   return true;
+}
+
+// Whether narrow tiles in one wave fill enough of the SMs to run unsplit: 80% of them, or 70%
+// counting only the rows that hold data. On the H200 (bf16) 384 tokens on 4096- and 4352-row
+// weights (96 and 102 tiles, 73% and 77% of the SMs) ran 1.01-1.2 times as fast unsplit as split
+// over wide tiles, from K = 4096 to 14336; at 320 tokens, whose last tile row is half empty,
+// splits stayed up to 1.2 times as fast.
+bool narrow_tiles_fill(int64_t M, int64_t N, int sms) {
+  const int64_t tiles = tile_count<NarrowTile>(M, N);
+  const double rows_with_data = static_cast<double>(M) / BM;
+  const double data_fill = rows_with_data * static_cast<double>(ceil_div(N, NarrowTile::BN)) / sms;
+  return tiles <= sms && (wave_efficiency(tiles, sms) >= 0.8 || data_fill >= 0.7);
 }
 
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
@@ -692,18 +729,18 @@ void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   const int64_t narrow_tiles = tile_count<NarrowTile>(g.M, g.N);
   const double narrow = wave_efficiency(narrow_tiles, sms);
-  if (narrow_tiles <= sms && narrow >= 0.8) return launch_tiles<NarrowTile>(g, epi);
+  if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
   if (launch_split(g, epi, sms)) return;
   const int64_t wide_tiles = tile_count<WideTile>(g.M, g.N);
   const double wide = wave_efficiency(wide_tiles, sms);
-  const int64_t wider_time = waves(tile_count<WiderTile>(g.M, g.N), sms) * WiderTile::BN;
+  const int64_t wider_time = waves(paired_blocks<WiderTile>(g.M, g.N), sms) * WiderTile::BN;
   const int64_t wide_time = waves(wide_tiles, sms) * WideTile::BN;
   const bool take_narrow = 0.9 * narrow > wide;
   const bool take_wider = !take_narrow && g.M > BM && wider_time < wide_time;
   // The plan's time in waves of wide tiles. A narrow tile has half a wide one's multiply-adds,
   // done at nine tenths of its speed, or at its speed in pairs sharing B (H100: split tails ran
   // up to a tenth slower than paired narrow tiles estimated at nine tenths).
-  const double narrow_wave = pairs_along_m<NarrowTile>(g.M) ? 0.5 : 0.5 / 0.9;
+  const double narrow_wave = rows_pair_evenly(g.M) ? 0.5 : 0.5 / 0.9;
   const double plan_waves =
       take_narrow ? waves(narrow_tiles, sms) * narrow_wave
                   : static_cast<double>(take_wider ? wider_time : wide_time) / WideTile::BN;
