@@ -586,11 +586,14 @@ int64_t paired_blocks(int64_t M, int64_t N) {
 // and 11% at 640 on 11008 rows, at most 4% slower on 4096 rows), but not for a second wave (320
 // and 384 tokens on 11008 rows: 129 single blocks in one wave against 172 paired ones; pairs
 // 0.74 and 0.67 times as fast). Narrow ones, which read too little B per block for that, pair
-// only where the rows pair up evenly: over 3 or 5 rows pairs ran from 0.91 to 1.23 times as fast
-// as single blocks, slower at every weight at 384 tokens (4096, 11008 and 14336 rows).
+// only where the rows pair up evenly (over 3 or 5 rows pairs ran from 0.91 to 1.23 times as fast
+// as single blocks, slower at every weight at 384 tokens), and only where they fill more than
+// half the SMs: with fewer blocks L2 has bandwidth to spare and sharing B saves nothing, while a
+// cluster's barriers cost (H100, bf16, squares of 512-1024 with K = 512-3072: single blocks
+// 1.02-1.26 times as fast; 128 tiles on 512 x 4096: pairs 1.02-1.05 times as fast).
 template <class S>
 bool pairs_along_m(int64_t M, int64_t N, int sms) {
-  if (S::BN == NarrowTile::BN) return rows_pair_evenly(M);
+  if (S::BN == NarrowTile::BN) return rows_pair_evenly(M) && 2 * tile_count<S>(M, N) > sms;
   return M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tile_count<S>(M, N), sms);
 }
 
@@ -740,7 +743,7 @@ void launch(const G& g, const Epi& epi = {}) {
   // The plan's time in waves of wide tiles. A narrow tile has half a wide one's multiply-adds,
   // done at nine tenths of its speed, or at its speed in pairs sharing B (H100: split tails ran
   // up to a tenth slower than paired narrow tiles estimated at nine tenths).
-  const double narrow_wave = rows_pair_evenly(g.M) ? 0.5 : 0.5 / 0.9;
+  const double narrow_wave = pairs_along_m<NarrowTile>(g.M, g.N, sms) ? 0.5 : 0.5 / 0.9;
   const double plan_waves =
       take_narrow ? waves(narrow_tiles, sms) * narrow_wave
                   : static_cast<double>(take_wider ? wider_time : wide_time) / WideTile::BN;
