@@ -48,7 +48,7 @@ LINEAR_SIZES=4096x4096x4096,4096x14336x4096,4096x4096x14336
 SIZES=$LINEAR_SIZES bench linear_bf16 --dtype bfloat16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
 SIZES=$LINEAR_SIZES bench linear_fp16 --dtype float16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
 # Mid-size products (prefill chunks, batched decode), where wgmma's planner picks tiles and splits.
-MID_SIZES=128x4096x4096,256x4096x4096,384x4096x4096,128x14336x4096,384x14336x4096,640x14336x4096,384x4096x14336,256x1024x4096,1536x14336x4096,640x28672x8192
+MID_SIZES=128x4096x4096,256x4096x4096,384x4096x4096,128x14336x4096,384x14336x4096,640x14336x4096,384x4096x14336,256x1024x4096,1536x14336x4096,640x28672x8192,384x11008x4096,896x14336x4096
 SIZES=$MID_SIZES bench mid_bf16 --dtype bfloat16 --weight-layout --algorithms "auto$HOPPER"
 python3 scripts/bench_skinny.py 2>/dev/null | tee "$OUT/bench_skinny.md" || status=1
 python3 scripts/bench_skinny.py --timing graph 2>/dev/null | tee "$OUT/bench_skinny_graph.md" \
