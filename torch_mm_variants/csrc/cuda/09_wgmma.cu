@@ -19,7 +19,8 @@
 // - Clusters: two blocks on neighbouring SMs take the two 128-row halves of a 256 x 256 tile and
 //   share its B tile: each copies half of it and TMA multicasts the half into both blocks' shared
 //   memory, so a block reads 32 KB of L2 per stage instead of 48 (with 128 x 320 tiles, 36 of 56).
-//   A stage is free again once the consumers of both blocks have read it.
+//   A stage is free again once the consumers of both blocks have read it. Over an odd count of
+//   tile rows, the last pair's second block has no rows of C: it only loads B for its partner.
 // - Split K for outputs too small to give half the SMs a tile, when K is long enough to repay it
 //   (e.g. 128 or 256 tokens against a 4096 x 4096 weight): each tile (or pair sharing B) is split
 //   over up to 8 blocks of a cluster, each a range of K (up to K = 8192 narrow tiles, in as many
