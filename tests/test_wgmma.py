@@ -196,8 +196,19 @@ def test_mid_size_plans_take_their_grids():
 # rows x 47 columns run as 44 columns unsplit (132 tiles) and 3 (9 tiles, the last column partial)
 # in 8 splits, the last with a K tail of 8; the same with an odd N, whose C rows TMA cannot store
 # (not 16-byte aligned); 4 tile rows, whose first 33 columns run in pairs sharing B.
-TAIL_SHAPES = [((300, 12000, 4104), [(132, 1, 1), (9, 8, 1)]),
-               ((300, 12001, 4104), [(132, 1, 1), (9, 8, 1)]), ((512, 8900, 4104), None)]
+TAIL_SHAPES = [((380, 12000, 4104), [(132, 1, 1), (9, 8, 1)]),
+               ((380, 12001, 4104), [(132, 1, 1), (9, 8, 1)]), ((512, 8900, 4104), None)]
+
+# nn.Linear products computed transposed (C^T = W X^T): the tokens in tiles of 160 or 192, the
+# weight's rows in 128-row tiles, with the grids they take on 132 SMs. 300 tokens in two tiles of
+# 160 over 55 weight tiles, in 28 pairs sharing the tokens' tile (the last pair's second block
+# past the weight's rows); the same with an odd N, whose C rows TMA cannot store, and a K tail;
+# 192 tokens in one tile of 192 over 112 weight tiles, in pairs; 640 tokens in four tiles of 160
+# over 33 weight tiles, unpaired, since 17 pairs a column would take a second wave.
+TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1))),
+                     ((300, 7001, 4104), ("TileShape<160", (112, 1, 1))),
+                     ((192, 14336, 256), ("TileShape<192", (112, 1, 1))),
+                     ((640, 4224, 320), ("TileShape<160", (132, 1, 1)))]
 
 
 @needs_sm90
@@ -224,12 +235,33 @@ def test_split_tail_takes_its_grids():
 
 
 @needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_transposed_plans(dtype):
+    """The transposed tiles write the whole product, TMA storing their C rows or not."""
+    assert_plans_match_reference(TRANSPOSED_SHAPES, dtype, "row", "col")
+
+
+@needs_sm90
+def test_transposed_plans_take_their_grids():
+    """x @ w.t() with few tokens against many weight rows runs transposed (132 SMs)."""
+    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
+        pytest.skip("the expected grids are those of a GPU with 132 SMs")
+    for (m, n, k), (tile, grid) in TRANSPOSED_SHAPES:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        kernels = [e for e in launched_kernels(lambda: mmv.matmul(x, w.t(), ALGORITHM))
+                   if "wgmma_kernel" in e["name"]]
+        assert [tuple(e["args"]["grid"]) for e in kernels] == [grid], f"{m}x{n}x{k}: {kernels}"
+        assert tile in kernels[0]["name"] and ", true>" in kernels[0]["name"], kernels[0]["name"]
+
+
+@needs_sm90
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])
 def test_split_k_with_linear_epilogue(activation):
-    """The bias and relu are applied to the sums of the splits as they are stored (silu in a pass
-    after the kernel)."""
+    """The bias and relu are applied to the sums as they are stored: by the splits, the split
+    tails and the transposed tiles (silu in a pass after the kernel)."""
     torch.manual_seed(0)
-    for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES]:
+    for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES + TRANSPOSED_SHAPES]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -248,6 +280,9 @@ def test_split_k_is_deterministic_and_graph_capturable():
     inputs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
                torch.randn(k, n, device="cuda", dtype=torch.float16))
               for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES]]
+    inputs += [(torch.randn(m, k, device="cuda", dtype=torch.float16),
+                torch.randn(n, k, device="cuda", dtype=torch.float16).t())
+               for (m, n, k), _ in TRANSPOSED_SHAPES]  # the nn.Linear layout: transposed tiles
     expected = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
     for (a, b), first in zip(inputs, expected):
         assert torch.equal(mmv.matmul(a, b, ALGORITHM), first)

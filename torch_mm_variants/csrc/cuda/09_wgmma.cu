@@ -52,6 +52,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 namespace mm_variants::cuda {
 namespace {
@@ -71,26 +72,40 @@ static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 row
 // The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
 // multiply-add; narrow ones, with more stages in the same shared memory, keep every SM busy on
 // outputs that have too few wide tiles (e.g. 2048 x 1024).
-template <int BN_, int STAGES>
+//
+// TRANSPOSED: the kernel computes C^T = B^T A^T, with the nn.Linear weight as the M operand and
+// the tokens as the N operand, and stores each tile transposed (store_tile_transposed_async).
+// wgmma's N comes in steps of 8 where its M comes in steps of 64, so a few hundred tokens fit
+// tiles of 160 or 192 columns with no empty rows: 320 tokens make two tiles of 160, where
+// 128-row tiles make three, the last half empty.
+template <int BN_, int STAGES, bool TRANSPOSED = false>
 struct TileShape {
   static constexpr int BN = BN_, kStages = STAGES;
+  static constexpr bool kTransposed = TRANSPOSED;
   static constexpr int kBTile = BN * BK;                 // elements of B in one stage
   static constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
   static constexpr int kAccumulators = BN / 2;           // per consumer thread
   // Columns per store round: the whole staging buffer, or half of it twice over (one half is
-  // filled while TMA reads the other) where BN is not a multiple of 128.
-  static constexpr int kStoreCols = BN % 128 == 0 ? 128 : 64;
-  __host__ __device__ static constexpr int store_buffers() { return 128 / kStoreCols; }
+  // filled while TMA reads the other) where BN is not a multiple of 128. Transposed, a round
+  // stores C rows (BN / rounds of them, 64 columns each): as many rounds as 128 rows fill.
+  static constexpr int kStoreCols =
+      TRANSPOSED ? BN / ((BN + 127) / 128) : (BN % 128 == 0 ? 128 : 64);
+  __host__ __device__ static constexpr int store_buffers() {
+    return TRANSPOSED ? 1 : 128 / kStoreCols;
+  }
   static constexpr int kPartialPitch = BN + 8;           // floats per row of a split's sums
   static constexpr int kSmemBytes =
       kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
-  static_assert(BN % kStoreCols == 0 && kAccumulators <= 160 && kSmemBytes <= 227 * 1024,
+  static_assert(BN % kStoreCols == 0 && kStoreCols % 8 == 0 && kAccumulators <= 160 &&
+                    kSmemBytes <= 227 * 1024,
                 "fits one SM and its registers");
   static_assert(BM * kPartialPitch * 4 <= kStages * kStageBytes, "the partial tile fits the ring");
 };
 using WideTile = TileShape<256, 4>;
 using NarrowTile = TileShape<128, 6>;
 using WiderTile = TileShape<320, 3>;
+using Tokens160Tile = TileShape<160, 5, true>;
+using Tokens192Tile = TileShape<192, 4, true>;
 
 // Registers per thread after setmaxnreg: up to 160 accumulators plus addressing for the
 // consumers, the minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
@@ -203,6 +218,7 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
 
 // Writes a consumer's 64 x BN accumulators to C (rows ldc apart) in T, two columns per store
 // where ldc allows it: the epilogue for outputs that TMA cannot address (ldc not a multiple of 8).
+// Transposed (S::kTransposed), the tile's row m and column n are C's column m and row n.
 template <class S, typename T, class Epi>
 __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators], const Epi& epi,
                                            T* c, int ldc, int M, int N, int row0, int col0) {
@@ -216,6 +232,14 @@ __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators],
     for (int h = 0; h < 2; ++h) {
       const int m = row + 8 * h;
       if (m >= M || col >= N) continue;
+      if constexpr (S::kTransposed) {  // a column of C: one element per row
+        c[static_cast<int64_t>(col) * ldc + m] = static_cast<T>(epi(acc[4 * j + 2 * h], m));
+        if (col + 1 < N) {
+          c[static_cast<int64_t>(col + 1) * ldc + m] =
+              static_cast<T>(epi(acc[4 * j + 2 * h + 1], m));
+        }
+        continue;
+      }
       T* dst = c + static_cast<int64_t>(m) * ldc + col;
       const float x = epi(acc[4 * j + 2 * h], col), y = epi(acc[4 * j + 2 * h + 1], col + 1);
       if (pairs) {
@@ -281,6 +305,49 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
         hopper::tma_store_2d(c_map, buffer + b * kBox * kBox, col0 + round * kStoreCols + b * kBox,
                              row0);
       }
+      hopper::tma_store_commit();
+    }
+  }
+}
+
+// The epilogue of a transposed tile (S::kTransposed): the consumer's 64 rows of the tile are 64
+// columns of C, one 128-byte swizzle row of each C row. A round writes S::kStoreCols of C's rows
+// into the staging buffer, one element per store (a thread's neighbouring accumulators lie in
+// neighbouring C rows); the 8 rows of a warp's store share a 16-byte chunk and its 4 columns
+// fall in 4 chunks of different swizzle phase, so the stores are conflict-free. TMA then stores
+// the box of 64 columns x S::kStoreCols rows, clipped at C's edges.
+template <class S, typename T, class Epi>
+__device__ __forceinline__ void store_tile_transposed_async(const float (&acc)[S::kAccumulators],
+                                                            const Epi& epi, uint16_t* staging,
+                                                            const CUtensorMap* c_map,
+                                                            int consumer, int row0, int col0) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+  const bool issuer = threadIdx.x % 128 == 0;
+  const int barrier = 1 + consumer;
+  constexpr int kRows = S::kStoreCols;  // rows of C per round
+  uint8_t* buffer = reinterpret_cast<uint8_t*>(staging);
+#pragma unroll
+  for (int round = 0; round < S::BN / kRows; ++round) {
+    if (issuer) hopper::tma_store_wait_read<0>();  // the buffer's last store has read it
+    hopper::named_barrier_sync(barrier, 128);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int n = 16 * warp + lane / 4 + 8 * h;  // the tile's row: C's column row0 + n
+#pragma unroll
+      for (int jj = 0; jj < kRows / 8; ++jj) {
+        const int j = round * (kRows / 8) + jj;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int m = 8 * jj + 2 * (lane % 4) + e;  // C's row col0 + round * kRows + m
+          const T v = static_cast<T>(epi(acc[4 * j + 2 * h + e], row0 + n));
+          *reinterpret_cast<T*>(buffer + m * 128 + ((n / 8) ^ (m % 8)) * 16 + n % 8 * 2) = v;
+        }
+      }
+    }
+    hopper::fence_async_shared();
+    hopper::named_barrier_sync(barrier, 128);
+    if (issuer) {
+      hopper::tma_store_2d(c_map, staging, row0, col0 + round * kRows);
       hopper::tma_store_commit();
     }
   }
@@ -415,7 +482,14 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     hopper::wgmma_wait<0>();
     hopper::fence_registers(acc);
     if (warp_leader) release_stage<kCluster>(&empty[previous], place);
-    if (gridDim.y > 1) {
+    if constexpr (S::kTransposed) {  // never split in K
+      if (c_map != nullptr) {
+        store_tile_transposed_async<S, T>(acc, epi, staging, c_map, consumer,
+                                          origin.x + consumer * 64, origin.y);
+      } else {
+        store_tile<S>(acc, epi, c, ldc, M, N, origin.x + consumer * 64, origin.y);
+      }
+    } else if (gridDim.y > 1) {
       // The ring becomes the partial tile once neither consumer's wgmmas read it any more.
       hopper::named_barrier_sync(kConsumersBarrier, 128 * kConsumers);
       store_partial<S>(acc, reinterpret_cast<float*>(a_tiles), consumer);
@@ -490,7 +564,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       full, empty, tma_store ? &c_map : nullptr, epi, c, ldc, M,
                                       N, steps, place);
   }
-  if (splits > 1) {
+  if (!S::kTransposed && splits > 1) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
     hopper::cluster_sync();  // every split's partial tile is written
     if (warpgroup > 0) {
@@ -537,14 +611,18 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   const CUtensorMap b_map = operand_map(g.b, g.N, g.K, S::BN / kCluster);
   // C rows must start on 16-byte boundaries for TMA to store them (g.c does: with_gemm's output,
   // or whole tiles of columns past it).
+  // Transposed, C's rows are the tile's columns (g.N of them) and a box holds a round's rows.
   const bool tma_store = g.ldc % (16 / sizeof(T)) == 0;
-  const CUtensorMap c_map = tma_store ? tile_map<T>(g.c, g.N, g.M, g.ldc, kBox) : CUtensorMap{};
+  const CUtensorMap c_map = !tma_store      ? CUtensorMap{}
+                            : S::kTransposed ? tile_map<T>(g.c, g.M, g.N, g.ldc, S::kStoreCols)
+                                             : tile_map<T>(g.c, g.N, g.M, g.ldc, kBox);
   auto* kernel = kernel_for<S, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
   const unsigned splits = ceil_div(ceil_div(g.K, BK), steps_per_split);
+  TORCH_INTERNAL_ASSERT(!S::kTransposed || splits == 1, "transposed tiles do not split K");
   if (splits > 1) {
     const ClusterLaunch split_launch(
         dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits), dim3(kCluster, splits),
@@ -682,29 +760,80 @@ constexpr double kSplitTailCost = 0.2;
 // 280 tiles, a third wave of 16 on 132 SMs). The tile columns that fill whole waves run as they
 // are (paired where the rows pair up evenly); the other columns, few enough tiles to split K at
 // least two ways on the SMs, then take a fraction of a wave in a second launch. Taken when its
-// estimated time, in waves of wide tiles, beats plan_waves, the estimate for the plan the output
-// would take otherwise. On the H100 (bf16, nn.Linear weights) against those plans: 1.2x at 320
-// and 640 tokens on a 14336 x 4096 weight, 1.27x at 640 on 28672 x 8192, 1.05-1.08x at 384 and
-// 1536 tokens, and 1.06x on 3072^3. Returns whether it launched.
+// estimated time, in waves of wide tiles, beats that of the plan the output would take
+// otherwise. On the H100 (bf16, nn.Linear weights) against those plans: 1.2x at 320 and 640
+// tokens on a 14336 x 4096 weight, 1.27x at 640 on 28672 x 8192, 1.05-1.08x at 384 and 1536
+// tokens, and 1.06x on 3072^3.
+struct SplitTail {
+  int n0;         // the columns of the second launch: [n0, N)
+  int per_split;  // its K steps per split
+  double waves;   // the estimated time of both launches
+};
+
+// The split tail of g's product, if it has one: whole waves and at least two splits of the rest.
 template <class G, class Epi>
-bool launch_split_tail(const G& g, const Epi& epi, int sms, double plan_waves) {
+std::optional<SplitTail> split_tail(const G& g, int sms) {
   using S = WideTile;
   const int64_t rows = ceil_div(g.M, BM), columns = ceil_div(g.N, S::BN);
   const int64_t full_waves = rows * columns / sms, head_columns = full_waves * sms / rows;
-  if (head_columns == 0 || head_columns >= columns) return false;
+  if (head_columns == 0 || head_columns >= columns) return std::nullopt;
   const int64_t tail_tiles = (columns - head_columns) * rows, k_steps = ceil_div(g.K, BK);
   const int per_split =
       steps_per_split(kernel_for<S, 1, G, Epi>(), kThreads, S::kSmemBytes, 1, tail_tiles,
                       k_steps, kMaxClusterBlocks, kMinStepsPerSplit);
   const int64_t splits = ceil_div(k_steps, per_split);
+  if (splits < 2) return std::nullopt;
   const double tail_cost =
       kSplitTailCost * std::max(1.0, static_cast<double>(kMinStepsToSplit) / k_steps);
-  if (splits < 2 || full_waves + 1.0 / splits + tail_cost >= plan_waves) return false;
-  const int n0 = static_cast<int>(head_columns * S::BN);
+  return SplitTail{static_cast<int>(head_columns * S::BN), per_split,
+                   full_waves + 1.0 / splits + tail_cost};
+}
+
+// Launches the split tail: columns [0, n0) in whole waves, then the rest split in K.
+template <class G, class Epi>
+void launch_split_tail(const G& g, const Epi& epi, const SplitTail& tail) {
   G head = g;
-  head.N = n0;
-  launch_tiles<S>(head, epi, rows_pair_evenly(g.M));
-  launch<S, 1>(columns_from(g, n0), epi.from_column(n0), per_split);
+  head.N = tail.n0;
+  launch_tiles<WideTile>(head, epi, rows_pair_evenly(g.M));
+  launch<WideTile, 1>(columns_from(g, tail.n0), epi.from_column(tail.n0), tail.per_split);
+}
+
+// Estimated time, in waves of wide tiles, of the transposed product in tile shape S: the
+// weight's rows in 128-row tiles (paired to share the tokens' tile where pairs_along_m says so),
+// the tokens in tiles of S::BN. Its tiles hold as many multiply-adds per column as wide ones.
+template <class S>
+double transposed_waves(int64_t M, int64_t N, int sms) {
+  const int64_t blocks =
+      pairs_along_m<S>(N, M, sms) ? paired_blocks<S>(N, M) : tile_count<S>(N, M);
+  return static_cast<double>(waves(blocks, sms) * S::BN) / WideTile::BN;
+}
+
+// The nn.Linear product computed transposed, C^T = W X^T, in tile shape S over all of K.
+template <class S, class G, class Epi>
+void launch_transposed(const G& g, const Epi& epi) {
+  static_assert(decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous,
+                "both operands K-contiguous: swapped, they keep their panel types");
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  G t = g;
+  t.a = g.b;
+  t.b = g.a;
+  t.M = g.N;
+  t.N = g.M;
+  launch_tiles<S>(t, epi, pairs_along_m<S>(t.M, t.N, sms));
+}
+
+// Takes the transposed product where one of its tile shapes beats `plan_waves`, the estimate
+// of the best plan otherwise. Returns whether it launched.
+template <class G, class Epi>
+bool launch_transposed_if_faster(const G& g, const Epi& epi, int sms, double plan_waves) {
+  const double t160 = transposed_waves<Tokens160Tile>(g.M, g.N, sms);
+  const double t192 = transposed_waves<Tokens192Tile>(g.M, g.N, sms);
+  if (std::min(t160, t192) >= plan_waves) return false;
+  if (t160 <= t192) {
+    launch_transposed<Tokens160Tile>(g, epi);
+  } else {
+    launch_transposed<Tokens192Tile>(g, epi);
+  }
   return true;
 }
 
@@ -748,7 +877,13 @@ void launch(const G& g, const Epi& epi = {}) {
   const double plan_waves =
       take_narrow ? waves(narrow_tiles, sms) * narrow_wave
                   : static_cast<double>(take_wider ? wider_time : wide_time) / WideTile::BN;
-  if (launch_split_tail(g, epi, sms, plan_waves)) return;
+  const std::optional<SplitTail> tail = split_tail<G, Epi>(g, sms);
+  const bool take_tail = tail && tail->waves < plan_waves;
+  if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
+    const double best_waves = take_tail ? tail->waves : plan_waves;
+    if (launch_transposed_if_faster(g, epi, sms, best_waves)) return;
+  }
+  if (take_tail) return launch_split_tail(g, epi, *tail);
   if (take_narrow) {
     launch_tiles<NarrowTile>(g, epi);
   } else if (take_wider) {

@@ -247,6 +247,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #define MMV_ACC16(i) MMV_ACC8(i), MMV_ACC8(i + 8)
 #define MMV_ACC32(i) MMV_ACC16(i), MMV_ACC16(i + 16)
 #define MMV_ACC64(i) MMV_ACC32(i), MMV_ACC32(i + 32)
+#define MMV_ACC80(i) MMV_ACC64(i), MMV_ACC16(i + 64)
+#define MMV_ACC96(i) MMV_ACC64(i), MMV_ACC32(i + 64)
 #define MMV_ACC128(i) MMV_ACC64(i), MMV_ACC64(i + 64)
 #define MMV_REGS4 "%0, %1, %2, %3"
 #define MMV_REGS8 MMV_REGS4 ", %4, %5, %6, %7"
@@ -256,6 +258,10 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #define MMV_REGS64 \
   MMV_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
              ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+#define MMV_REGS80 \
+  MMV_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define MMV_REGS96 \
+  MMV_REGS80 ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95"
 #define MMV_REGS128 \
   MMV_REGS64 ", %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" \
              ", %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95" \
@@ -281,7 +287,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   }
 
 // D[64 x N] (+)= A[64 x 16] B[16 x N] for one warpgroup, float accumulation. The block tiles use
-// N = 128 or 256; the skinny rung puts up to 64 tokens in N. `accumulate` false overwrites D
+// N = 128 or 256, and 160 or 192 tokens when the output is computed transposed; the skinny rung
+// puts up to 64 tokens in N. `accumulate` false overwrites D
 // (the first step of a tile). kTransA / kTransB: A is M-major / B is N-major.
 template <int N, bool kBf16, bool kTransA, bool kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
@@ -298,8 +305,12 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc,
     MMV_WGMMA_N(64, MMV_REGS32, MMV_ACC32(0), 32, 33, 34, 35, 36)
   } else if constexpr (N == 128) {
     MMV_WGMMA_N(128, MMV_REGS64, MMV_ACC64(0), 64, 65, 66, 67, 68)
+  } else if constexpr (N == 160) {
+    MMV_WGMMA_N(160, MMV_REGS80, MMV_ACC80(0), 80, 81, 82, 83, 84)
+  } else if constexpr (N == 192) {
+    MMV_WGMMA_N(192, MMV_REGS96, MMV_ACC96(0), 96, 97, 98, 99, 100)
   } else {
-    static_assert(N == 256, "N is 8, 16, 32, 64, 128 or 256 here");
+    static_assert(N == 256, "N is 8, 16, 32, 64, 128, 160, 192 or 256 here");
     MMV_WGMMA_N(256, MMV_REGS128, MMV_ACC128(0), 128, 129, 130, 131, 132)
   }
 }
@@ -307,12 +318,16 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc,
 #undef MMV_WGMMA_N
 #undef MMV_WGMMA
 #undef MMV_REGS128
+#undef MMV_REGS96
+#undef MMV_REGS80
 #undef MMV_REGS64
 #undef MMV_REGS32
 #undef MMV_REGS16
 #undef MMV_REGS8
 #undef MMV_REGS4
 #undef MMV_ACC128
+#undef MMV_ACC96
+#undef MMV_ACC80
 #undef MMV_ACC64
 #undef MMV_ACC32
 #undef MMV_ACC16
