@@ -1,8 +1,9 @@
 """The Hopper rung: listed only where it can run, TMA and wgmma really in the compiled kernels,
 and the paths the generic sweeps of test_matmul.py do not force: every operand layout on sizes
 just off the 128 x 256 x 64 tiles with TMA-compatible strides, K tails inside a stage, more tiles
-than SMs (the persistent loop), K split over clusters for outputs of few tiles, and views TMA
-cannot address falling back to rung 8. Streams,
+than SMs (the persistent loop), K split over clusters for outputs of few tiles, nn.Linear
+products computed transposed in token tiles, and views TMA cannot address falling back to rung 8.
+Streams,
 graph capture and devices are covered for every CUDA rung in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
