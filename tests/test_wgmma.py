@@ -27,6 +27,10 @@ def is_sm90() -> bool:
 needs_sm90 = pytest.mark.skipif(not is_sm90() or ALGORITHM not in mmv.algorithms("cuda"),
                                 reason="needs an sm_90 GPU and a build with the sm_90a target")
 pytestmark = pytest.mark.cuda
+# The planner's expected grids are those of a GPU with 132 SMs (H100 SXM and H200).
+needs_132_sms = pytest.mark.skipif(
+    not gpu_available() or torch.cuda.get_device_properties(0).multi_processor_count != 132,
+    reason="the expected grids are those of a GPU with 132 SMs")
 
 
 def padded_view(rows, cols, layout, dtype):
@@ -182,10 +186,9 @@ def assert_plans_match_reference(plans, dtype, a_layout, b_layout):
 
 
 @needs_sm90
+@needs_132_sms
 def test_mid_size_plans_take_their_grids():
     """The grids of PLAN_SHAPES, which depend on the SM count (H100 SXM and H200: 132)."""
-    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
-        pytest.skip("the expected grids are those of a GPU with 132 SMs")
     for (m, n, k), (blocks, splits) in PLAN_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
@@ -221,10 +224,9 @@ def test_split_tail_plans(dtype, a_layout, b_layout):
 
 
 @needs_sm90
+@needs_132_sms
 def test_split_tail_takes_its_grids():
     """A launch over the whole wave's columns, then one over the rest in K splits (132 SMs)."""
-    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
-        pytest.skip("the expected grids are those of a GPU with 132 SMs")
     for (m, n, k), expected in TAIL_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # rows TMA can address
@@ -243,10 +245,9 @@ def test_transposed_plans(dtype):
 
 
 @needs_sm90
+@needs_132_sms
 def test_transposed_plans_take_their_grids():
     """x @ w.t() with few tokens against many weight rows runs transposed (132 SMs)."""
-    if torch.cuda.get_device_properties(0).multi_processor_count != 132:
-        pytest.skip("the expected grids are those of a GPU with 132 SMs")
     for (m, n, k), (tile, grid) in TRANSPOSED_SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
