@@ -17,12 +17,14 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # 4096 x 4096 weight, on a GPU of 132 SMs); wgmma's narrow tiles in six K splits (16 of them),
 # past K = 8192 its wide tiles split 8 ways unpaired over an odd count of tile rows (3) and 4
 # ways in pairs over 2 rows, and a split tail (66 columns of pairs, then the last, partial
-# column in 8 splits); rows 16-byte aligned in every layout. In the nn.Linear layout, transposed
-# tiles of 160 tokens, stored by TMA and (N odd) not.
+# column in 8 splits); rows 16-byte aligned in every layout. 128 x 192 tiles, unpaired over 3
+# rows and in pairs sharing B over 6 (B row-major: the nn.Linear layout computes the first
+# transposed). In the nn.Linear layout, transposed tiles of 160 tokens, stored by TMA and (N odd)
+# not. The small shapes above run in 128 x 64 tiles.
 EXTRA_SHAPES = {"skinny_tma": [(64, 4096, 4096)],
                 "wgmma": [(200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
-                          (129, 17000, 4104), (300, 7680, 136), (300, 7000, 320),
-                          (300, 7001, 320)]}
+                          (129, 17000, 4104), (300, 7680, 136), (704, 4104, 1000),
+                          (300, 7000, 320), (300, 7001, 320)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 

@@ -1,10 +1,10 @@
 """The Hopper rung: listed only where it can run, TMA and wgmma really in the compiled kernels,
 and the paths the generic sweeps of test_matmul.py do not force: every operand layout on sizes
 just off the 128 x 256 x 64 tiles with TMA-compatible strides, K tails inside a stage, more tiles
-than SMs (the persistent loop), K split over clusters for outputs of few tiles, nn.Linear
-products computed transposed in token tiles, and views TMA cannot address falling back to rung 8.
-Streams,
-graph capture and devices are covered for every CUDA rung in test_cuda_ladder_extras.py."""
+than SMs (the persistent loop), K split over clusters for outputs of few tiles, the 128 x 192
+and 128 x 64 tiles, nn.Linear products computed transposed in token tiles, and views TMA cannot
+address falling back to rung 8. Streams, graph capture and devices are covered for every CUDA rung
+in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
 import re
@@ -158,10 +158,9 @@ def test_split_k_takes_the_split_path():
 # 128 x 128 tiles in two splits (2 tile rows x 32 columns, a K tail of 8 in the last split), in
 # eight (8 tiles) and in three (32 tiles: three quarters of the SMs); past K = 8192 wide tiles,
 # split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows;
-# narrow tiles filling most SMs in one wave, unpaired (3 x 40) and paired (2 x 55, 55 pairs),
-# and unpaired over 3 full rows (3 x 32: 73% of the SMs); wide tiles in pairs over 3 rows (the
-# last pair's second block lies past M: 60 pairs), and unpaired where pairs would need a second
-# wave (3 x 43).
+# narrow tiles filling most SMs in one wave, unpaired (3 x 40; 2 x 55, too short a K for pairs
+# over a partial wave; 3 x 32 full rows: 73% of the SMs); 128 x 192 tiles over 3 rows (3 x 40),
+# and wide tiles unpaired where pairs would need a second wave (3 x 43).
 PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((128, 1024, 4096), (8, 8)),
                ((256, 2048, 8192), (32, 3)), ((300, 1000, 8200), (12, 8)),
                ((256, 1000, 8200), (8, 4)), ((300, 5000, 200), (120, 1)),
@@ -215,6 +214,41 @@ TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1))),
                      ((640, 4224, 320), ("TileShape<160", (132, 1, 1)))]
 
 
+# Outputs that take the tile shapes between narrow and wide, with the grids and tiles they take
+# on 132 SMs (B row-major). 128 x 192 tiles: 12 x 8 of them in one wave, unpaired since K is
+# short and the wave partial, with an odd N (C rows TMA cannot store) and without; 6 x 22 in 66
+# pairs sharing B over a long K with a K tail, odd N; 18 x 12 over two waves of the persistent
+# grid, K of four steps. 128 x 64 tiles for outputs that fit one wave of them: 8 x 16, and 2 x 16
+# with an odd N and a K tail.
+BETWEEN_SHAPES = [((1500, 1501, 1000), ("TileShape<192, 4, false>", (96, 1, 1))),
+                  ((1500, 1504, 1000), ("TileShape<192, 4, false>", (96, 1, 1))),
+                  ((700, 4099, 4104), ("TileShape<192, 4, false>", (132, 1, 1))),
+                  ((2304, 2304, 200), ("TileShape<192, 4, false>", (132, 1, 1))),
+                  ((1000, 1000, 1000), ("TileShape<64, 8, false>", (128, 1, 1))),
+                  ((129, 1001, 65), ("TileShape<64, 8, false>", (32, 1, 1)))]
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_between_tile_plans(dtype, a_layout, b_layout):
+    """The 128 x 192 and 128 x 64 tiles write the whole product, in every layout."""
+    assert_plans_match_reference(BETWEEN_SHAPES, dtype, a_layout, b_layout)
+
+
+@needs_sm90
+@needs_132_sms
+def test_between_tile_plans_take_their_grids():
+    """Each shape of BETWEEN_SHAPES runs in its tile shape and grid (132 SMs)."""
+    for (m, n, k), (tile, grid) in BETWEEN_SHAPES:
+        a = padded_view(m, k, "row", torch.bfloat16)
+        b = padded_view(k, n, "row", torch.bfloat16)  # rows TMA can address, also where n is odd
+        kernels = [e for e in launched_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
+                   if "wgmma_kernel" in e["name"]]
+        assert [tuple(e["args"]["grid"]) for e in kernels] == [grid], f"{m}x{n}x{k}: {kernels}"
+        assert tile in kernels[0]["name"], kernels[0]["name"]
+
+
 @needs_sm90
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
@@ -261,9 +295,11 @@ def test_transposed_plans_take_their_grids():
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])
 def test_split_k_with_linear_epilogue(activation):
     """The bias and relu are applied to the sums as they are stored: by the splits, the split
-    tails and the transposed tiles (silu in a pass after the kernel)."""
+    tails, the transposed tiles and the 128 x 192 and 128 x 64 ones (silu in a pass after the
+    kernel)."""
     torch.manual_seed(0)
-    for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES + TRANSPOSED_SHAPES]:
+    shapes = TAIL_SHAPES + TRANSPOSED_SHAPES + BETWEEN_SHAPES
+    for m, n, k in SPLIT_SHAPES + [shape for shape, _ in shapes]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
@@ -281,7 +317,7 @@ def test_split_k_is_deterministic_and_graph_capturable():
     torch.manual_seed(0)
     inputs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
                torch.randn(k, n, device="cuda", dtype=torch.float16))
-              for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES]]
+              for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES + BETWEEN_SHAPES]]
     inputs += [(torch.randn(m, k, device="cuda", dtype=torch.float16),
                 torch.randn(n, k, device="cuda", dtype=torch.float16).t())
                for (m, n, k), _ in TRANSPOSED_SHAPES]  # the nn.Linear layout: transposed tiles

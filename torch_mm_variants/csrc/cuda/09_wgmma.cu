@@ -35,13 +35,18 @@
 //   weight in 128-row tiles and the tokens in tiles of 160 or 192 (wgmma's N comes in steps of
 //   8, its M in steps of 64): 320 tokens fill two tiles of 160 where 128-row tiles leave the
 //   third half empty. The epilogue stores each tile transposed.
+// - Tile shapes in between: 128 x 192 tiles where they take fewer waves than 128 x 256 ones
+//   (e.g. 1536^3: 96 tiles of 192 in one wave, where 72 of 256 leave 60 SMs idle and still take
+//   as long), and 128 x 64 tiles for outputs that fit one wave of them (squares up to 1024): more
+//   SMs at work on the few K steps that small products have.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
 // row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would
 // leave SMs idle (paired only where the tile rows pair up evenly and the tiles fill more than
 // half the SMs); 128 x 320 with 3 stages (each k16 step a wgmma of N = 256 and one of N = 64)
 // where N divides into them with fewer waves of tiles, as on an nn.Linear weight of 14336 rows;
-// transposed, 128 x 160 with 5 stages and 128 x 192 with 4.
+// 128 x 192 with 4 stages and 128 x 64 with 8; transposed, 128 x 160 with 5 stages and 128 x 192
+// with 4.
 // fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
 // dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
 // tile while the copy engine writes the last one.
@@ -58,6 +63,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 namespace mm_variants::cuda {
 namespace {
@@ -76,7 +82,8 @@ static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 row
 
 // The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
 // multiply-add; narrow ones, with more stages in the same shared memory, keep every SM busy on
-// outputs that have too few wide tiles (e.g. 2048 x 1024).
+// outputs that have too few wide tiles (e.g. 2048 x 1024); 128 x 192 ones fill waves that
+// neither fills (e.g. 1536^3), and 128 x 64 ones spread small products over more SMs.
 //
 // TRANSPOSED: the kernel computes C^T = B^T A^T, with the nn.Linear weight as the M operand and
 // the tokens as the N operand, and stores each tile transposed (store_tile_transposed_async).
@@ -111,6 +118,8 @@ using NarrowTile = TileShape<128, 6>;
 using WiderTile = TileShape<320, 3>;
 using Tokens160Tile = TileShape<160, 5, true>;
 using Tokens192Tile = TileShape<192, 4, true>;
+using MidTile = TileShape<192, 4>;
+using SlimTile = TileShape<64, 8>;
 
 // Registers per thread after setmaxnreg: up to 160 accumulators plus addressing for the
 // consumers, the minimum for the producer; 128 * 40 + 256 * 232 fits the SM's 64K.
@@ -664,21 +673,47 @@ int64_t paired_blocks(int64_t M, int64_t N) {
   return 2 * tile_count<S, 2>(M, N);
 }
 
+// Whether pairs sharing B repay their cluster's barriers: over a long K (kMinStepsToSplit steps
+// or more), or where the tiles fill their waves (95%), which leaves L2 no bandwidth to spare. On
+// the H100 (bf16) 128 x 192 tiles in pairs ran 1.0-1.4 times as fast as single blocks from
+// K = 4096 (256-1536 rows against weights of 4096-28672 rows) and 0.99-1.08 times at K = 1024-3072
+// over full waves, but 0.9-0.97 times over partial ones (1280 x 2048 x 2048, 2560 x 1024 x 1024,
+// 2304^3, 1536^3); 128 x 128 tiles 0.88-0.9 times on 1280^3 (100 tiles).
+bool pairing_pays(int64_t tiles, int64_t K, int sms) {
+  return ceil_div(K, BK) >= kMinStepsToSplit || wave_efficiency(tiles, sms) >= 0.95;
+}
+
 // Whether blocks of tile shape S pair along M to share B. Wide tiles pair wherever there are two
 // tile rows and the pairs take no more waves than single blocks: sharing B pays for an idle last
 // block (H100, bf16, unsplit, 320, 384 and 640 tokens: pairs 9-17% faster on a 14336-row weight
 // and 11% at 640 on 11008 rows, at most 4% slower on 4096 rows), but not for a second wave (320
 // and 384 tokens on 11008 rows: 129 single blocks in one wave against 172 paired ones; pairs
-// 0.74 and 0.67 times as fast). Narrow ones, which read too little B per block for that, pair
-// only where the rows pair up evenly (over 3 or 5 rows pairs ran from 0.91 to 1.23 times as fast
-// as single blocks, slower at every weight at 384 tokens), and only where they fill more than
-// half the SMs: with fewer blocks L2 has bandwidth to spare and sharing B saves nothing, while a
-// cluster's barriers cost (H100, bf16, squares of 512-1024 with K = 512-3072: single blocks
-// 1.02-1.26 times as fast; 128 tiles on 512 x 4096: pairs 1.02-1.05 times as fast).
+// 0.74 and 0.67 times as fast). 128 x 192 tiles pair on the same terms where pairing_pays.
+// Narrow ones, which read too little B per block for that, pair only where the rows pair up
+// evenly (over 3 or 5 rows pairs ran from 0.91 to 1.23 times as fast as single blocks, slower at
+// every weight at 384 tokens), and only where they fill more than half the SMs: with fewer
+// blocks L2 has bandwidth to spare and sharing B saves nothing, while a cluster's barriers cost
+// (H100, bf16, squares of 512-1024 with K = 512-3072: single blocks 1.02-1.26 times as fast; 128
+// tiles on 512 x 4096: pairs 1.02-1.05 times as fast); and where pairing_pays.
 template <class S>
-bool pairs_along_m(int64_t M, int64_t N, int sms) {
-  if (S::BN == NarrowTile::BN) return rows_pair_evenly(M) && 2 * tile_count<S>(M, N) > sms;
-  return M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tile_count<S>(M, N), sms);
+bool pairs_along_m(int64_t M, int64_t N, int64_t K, int sms) {
+  const int64_t tiles = tile_count<S>(M, N);
+  if constexpr (std::is_same_v<S, NarrowTile>) {
+    return rows_pair_evenly(M) && 2 * tiles > sms && pairing_pays(tiles, K, sms);
+  }
+  const bool no_extra_wave = M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tiles, sms);
+  if constexpr (std::is_same_v<S, MidTile>) return no_extra_wave && pairing_pays(tiles, K, sms);
+  return no_extra_wave;
+}
+
+// Estimated time, in waves of wide tiles, of an M x N output in tile shape S over all of K,
+// paired where pairs_along_m says so. A tile of S has S::BN / WideTile::BN of a wide one's
+// multiply-adds, taken as done at the same speed.
+template <class S>
+double tile_waves(int64_t M, int64_t N, int64_t K, int sms) {
+  const int64_t blocks =
+      pairs_along_m<S>(M, N, K, sms) ? paired_blocks<S>(M, N) : tile_count<S>(M, N);
+  return static_cast<double>(waves(blocks, sms) * S::BN) / WideTile::BN;
 }
 
 // Launches tile shape S over all of K, in pairs along M that share B tiles or alone.
@@ -696,7 +731,7 @@ void launch_tiles(const G& g, const Epi& epi, bool paired) {
 template <class S, class G, class Epi>
 void launch_tiles(const G& g, const Epi& epi) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  launch_tiles<S>(g, epi, pairs_along_m<S>(g.M, g.N, sms));
+  launch_tiles<S>(g, epi, pairs_along_m<S>(g.M, g.N, g.K, sms));
 }
 
 // K split over clusters of wide tiles, when the output's kCluster-block groups fill at most half
@@ -803,28 +838,17 @@ void launch_split_tail(const G& g, const Epi& epi, const SplitTail& tail) {
   launch<WideTile, 1>(columns_from(g, tail.n0), epi.from_column(tail.n0), tail.per_split);
 }
 
-// Estimated time, in waves of wide tiles, of the transposed product in tile shape S: the
-// weight's rows in 128-row tiles (paired to share the tokens' tile where pairs_along_m says so),
-// the tokens in tiles of S::BN. Its tiles hold as many multiply-adds per column as wide ones.
-template <class S>
-double transposed_waves(int64_t M, int64_t N, int sms) {
-  const int64_t blocks =
-      pairs_along_m<S>(N, M, sms) ? paired_blocks<S>(N, M) : tile_count<S>(N, M);
-  return static_cast<double>(waves(blocks, sms) * S::BN) / WideTile::BN;
-}
-
 // The nn.Linear product computed transposed, C^T = W X^T, in tile shape S over all of K.
 template <class S, class G, class Epi>
 void launch_transposed(const G& g, const Epi& epi) {
   static_assert(decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous,
                 "both operands K-contiguous: swapped, they keep their panel types");
-  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   G t = g;
   t.a = g.b;
   t.b = g.a;
   t.M = g.N;
   t.N = g.M;
-  launch_tiles<S>(t, epi, pairs_along_m<S>(t.M, t.N, sms));
+  launch_tiles<S>(t, epi);
 }
 
 // Takes the transposed product where one of its tile shapes beats `plan_waves`, the estimate
@@ -837,8 +861,9 @@ void launch_transposed(const G& g, const Epi& epi) {
 // Returns whether it launched.
 template <class G, class Epi>
 bool launch_transposed_if_faster(const G& g, const Epi& epi, int sms, double plan_waves) {
-  const double t160 = transposed_waves<Tokens160Tile>(g.M, g.N, sms);
-  const double t192 = transposed_waves<Tokens192Tile>(g.M, g.N, sms);
+  // Transposed, the weight's rows are the M of 128-row tiles and the tokens their N.
+  const double t160 = tile_waves<Tokens160Tile>(g.N, g.M, g.K, sms);
+  const double t192 = tile_waves<Tokens192Tile>(g.N, g.M, g.K, sms);
   if (std::min(t160, t192) >= plan_waves) return false;
   if (t160 <= t192) {
     launch_transposed<Tokens160Tile>(g, epi);
@@ -860,49 +885,88 @@ bool narrow_tiles_fill(int64_t M, int64_t N, int sms) {
   return tiles <= sms && (wave_efficiency(tiles, sms) >= 0.8 || data_fill >= 0.7);
 }
 
+// The tile shapes of outputs run in whole tiles over all of K.
+enum class Tiles { kNarrow, kMid, kWide, kWider };
+
+// A plan of whole tiles and its estimated time, in waves of wide tiles.
+struct TilePlan {
+  Tiles tiles;
+  double waves;
+};
+
+// 128 x 192 tiles are taken at this share of wide tiles' speed: paired, they read a sixth more L2
+// per multiply-add. On the H100 (bf16, 5376^3 to 8192^3, where their waves take 2-4% less SM time
+// than wide ones') they ran 0.97-1.03 times as fast as wide tiles.
+constexpr double kMidSpeed = 0.95;
+
+// Wide tiles, unless narrow ones fill the SMs enough better to make up for reading more of L2 per
+// multiply-add (taken as a tenth of their speed), or wider ones (128 x 320, pairs only) take less
+// SM time in whole waves: they read a tenth less L2 per multiply-add than wide ones, which gained
+// 2-4% on 4096 x 14336 x 4096 (H200), but 4096 columns make 12.8 of them a row, and on 4096^3 the
+// rows' 13th tiles cost a fifth wave. Then 128 x 192 tiles where their waves take no more SM time
+// than narrow ones' (they do the same work with less L2 and fewer stores per multiply-add), or
+// less than wide or wider ones' at kMidSpeed. On the H100 (bf16, both row-major and nn.Linear
+// layouts) they ran 1.03-1.3 times as fast as the plans they replaced on squares of 1536-4352
+// and on 256-3072 rows against weights of 2048-28672 x 1024-14336, and from 2% slower to 2%
+// faster where they replaced transposed tiles or a split tail.
+TilePlan whole_tile_plan(int64_t M, int64_t N, int64_t K, int sms) {
+  const int64_t narrow_tiles = tile_count<NarrowTile>(M, N);
+  const int64_t wide_tiles = tile_count<WideTile>(M, N);
+  const int64_t wider_time = waves(paired_blocks<WiderTile>(M, N), sms) * WiderTile::BN;
+  const int64_t wide_time = waves(wide_tiles, sms) * WideTile::BN;
+  TilePlan plan{Tiles::kWide, static_cast<double>(wide_time) / WideTile::BN};
+  if (0.9 * wave_efficiency(narrow_tiles, sms) > wave_efficiency(wide_tiles, sms)) {
+    // A narrow tile has half a wide one's multiply-adds, done at nine tenths of its speed, or at
+    // its speed in pairs sharing B (H100: split tails ran up to a tenth slower than paired narrow
+    // tiles estimated at nine tenths).
+    const double narrow_wave = pairs_along_m<NarrowTile>(M, N, K, sms) ? 0.5 : 0.5 / 0.9;
+    plan = {Tiles::kNarrow, waves(narrow_tiles, sms) * narrow_wave};
+  } else if (M > BM && wider_time < wide_time) {
+    plan = {Tiles::kWider, static_cast<double>(wider_time) / WideTile::BN};
+  }
+  const double mid_waves = tile_waves<MidTile>(M, N, K, sms);
+  const bool take_mid = plan.tiles == Tiles::kNarrow ? mid_waves <= plan.waves
+                                                     : mid_waves < kMidSpeed * plan.waves;
+  return take_mid ? TilePlan{Tiles::kMid, mid_waves} : plan;
+}
+
+// Launches g's product in whole tiles of the given shape over all of K.
+template <class G, class Epi>
+void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
+  switch (tiles) {
+    case Tiles::kNarrow:
+      return launch_tiles<NarrowTile>(g, epi);
+    case Tiles::kMid:
+      return launch_tiles<MidTile>(g, epi);
+    case Tiles::kWide:
+      return launch_tiles<WideTile>(g, epi);
+    case Tiles::kWider:
+      return launch<WiderTile, 2>(g, epi, static_cast<int>(ceil_div(g.K, BK)));
+  }
+}
+
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
 // 14336-row weight: 6-9% faster than wide tiles split two ways, H100). Then outputs that leave
-// at least half the SMs without a wide tile split K (launch_split). Otherwise wide tiles, unless
-// narrow ones fill the SMs enough better to make up for reading more of L2 per multiply-add
-// (taken as a tenth of their speed), or wider ones (128 x 320, pairs only) take less SM time in
-// whole waves: they read a tenth less L2 per multiply-add than wide ones, which gained 2-4% on
-// 4096 x 14336 x 4096 (H200), but 4096 columns make 12.8 of them a row, and on 4096^3 the rows'
-// 13th tiles cost a fifth wave. Last, in the nn.Linear layout, transposed tiles where their
-// waves take less SM time than that plan or its split tail (launch_transposed_if_faster).
+// at least half the SMs without a wide tile split K (launch_split). Outputs that fit one wave of
+// 128 x 64 tiles run in those, unpaired: more SMs share the few K steps of a small product (H100,
+// bf16: squares of 256-1024 and 128-768 rows against 1024-8192 columns at K = 1024-2048, 1.06-1.2
+// times as fast as narrow tiles; pairs were slower still). Otherwise whole_tile_plan, or its
+// split tail where that takes less time, or last, in the nn.Linear layout, transposed tiles
+// where their waves take less SM time than either (launch_transposed_if_faster).
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  const int64_t narrow_tiles = tile_count<NarrowTile>(g.M, g.N);
-  const double narrow = wave_efficiency(narrow_tiles, sms);
   if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
   if (launch_split(g, epi, sms)) return;
-  const int64_t wide_tiles = tile_count<WideTile>(g.M, g.N);
-  const double wide = wave_efficiency(wide_tiles, sms);
-  const int64_t wider_time = waves(paired_blocks<WiderTile>(g.M, g.N), sms) * WiderTile::BN;
-  const int64_t wide_time = waves(wide_tiles, sms) * WideTile::BN;
-  const bool take_narrow = 0.9 * narrow > wide;
-  const bool take_wider = !take_narrow && g.M > BM && wider_time < wide_time;
-  // The plan's time in waves of wide tiles. A narrow tile has half a wide one's multiply-adds,
-  // done at nine tenths of its speed, or at its speed in pairs sharing B (H100: split tails ran
-  // up to a tenth slower than paired narrow tiles estimated at nine tenths).
-  const double narrow_wave = pairs_along_m<NarrowTile>(g.M, g.N, sms) ? 0.5 : 0.5 / 0.9;
-  const double plan_waves =
-      take_narrow ? waves(narrow_tiles, sms) * narrow_wave
-                  : static_cast<double>(take_wider ? wider_time : wide_time) / WideTile::BN;
+  if (tile_count<SlimTile>(g.M, g.N) <= sms) return launch_tiles<SlimTile>(g, epi, false);
+  const TilePlan plan = whole_tile_plan(g.M, g.N, g.K, sms);
   const std::optional<SplitTail> tail = split_tail<G, Epi>(g, sms);
-  const bool take_tail = tail && tail->waves < plan_waves;
+  const bool take_tail = tail && tail->waves < plan.waves;
   if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
-    const double best_waves = take_tail ? tail->waves : plan_waves;
-    if (launch_transposed_if_faster(g, epi, sms, best_waves)) return;
+    if (launch_transposed_if_faster(g, epi, sms, take_tail ? tail->waves : plan.waves)) return;
   }
   if (take_tail) return launch_split_tail(g, epi, *tail);
-  if (take_narrow) {
-    launch_tiles<NarrowTile>(g, epi);
-  } else if (take_wider) {
-    launch<WiderTile, 2>(g, epi, static_cast<int>(ceil_div(g.K, BK)));
-  } else {
-    launch_tiles<WideTile>(g, epi);
-  }
+  launch_whole_tiles(g, epi, plan.tiles);
 }
 
 // Calls f(gemm) for out = a @ b when TMA can address both operands; other views go to rung 8
