@@ -41,12 +41,12 @@
 //   SMs at work on the few K steps that small products have.
 //
 // Tile parameters (TileShape): BM x BN = 128 x 256 with 4 stages of BK = 64 (one 128-byte swizzle
-// row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would
-// leave SMs idle (paired only where the tile rows pair up evenly and the tiles fill more than
-// half the SMs); 128 x 320 with 3 stages (each k16 step a wgmma of N = 256 and one of N = 64)
-// where N divides into them with fewer waves of tiles, as on an nn.Linear weight of 14336 rows;
-// 128 x 192 with 4 stages and 128 x 64 with 8; transposed, 128 x 160 with 5 stages and 128 x 192
-// with 4.
+// row of 16-bit elements, 48 KB a stage); 128 x 128 with 6 stages where 256-wide tiles would leave
+// SMs idle (paired only where the tile rows pair up evenly, the tiles fill more than half the SMs,
+// and K is long or the waves full: pairing_pays); 128 x 320 with 3 stages (each k16 step a wgmma of
+// N = 256 and one of N = 64) where N divides into them with fewer waves of tiles, as on an
+// nn.Linear weight of 14336 rows; 128 x 192 with 4 stages and 128 x 64 with 8; transposed, 128 x
+// 160 with 5 stages and 128 x 192 with 4.
 // fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
 // dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
 // tile while the copy engine writes the last one.
