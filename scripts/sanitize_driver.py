@@ -18,9 +18,9 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # past K = 8192 its wide tiles split 8 ways unpaired over an odd count of tile rows (3) and 4
 # ways in pairs over 2 rows, and a split tail (66 columns of pairs, then the last, partial
 # column in 8 splits); rows 16-byte aligned in every layout. 128 x 192 tiles, unpaired over 3
-# rows and in pairs sharing B over 6 (B row-major: the nn.Linear layout computes the first
-# transposed). In the nn.Linear layout, transposed tiles of 160 tokens, stored by TMA and (N odd)
-# not. The small shapes above run in 128 x 64 tiles.
+# rows (outside the nn.Linear layout, which computes that one transposed) and in pairs sharing B
+# over 6. In the nn.Linear layout, transposed tiles of 160 tokens, stored by TMA and (N odd) not.
+# Of the small shapes above, (136, 264, 72) runs in 128 x 64 tiles in every layout.
 EXTRA_SHAPES = {"skinny_tma": [(64, 4096, 4096)],
                 "wgmma": [(200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
                           (129, 17000, 4104), (300, 7680, 136), (704, 4104, 1000),

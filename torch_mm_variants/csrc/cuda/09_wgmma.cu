@@ -688,7 +688,8 @@ bool pairing_pays(int64_t tiles, int64_t K, int sms) {
 // block (H100, bf16, unsplit, 320, 384 and 640 tokens: pairs 9-17% faster on a 14336-row weight
 // and 11% at 640 on 11008 rows, at most 4% slower on 4096 rows), but not for a second wave (320
 // and 384 tokens on 11008 rows: 129 single blocks in one wave against 172 paired ones; pairs
-// 0.74 and 0.67 times as fast). 128 x 192 tiles pair on the same terms where pairing_pays.
+// 0.74 and 0.67 times as fast). MidTile (128 x 192, not transposed) pairs on the same terms where
+// pairing_pays.
 // Narrow ones, which read too little B per block for that, pair only where the rows pair up
 // evenly (over 3 or 5 rows pairs ran from 0.91 to 1.23 times as fast as single blocks, slower at
 // every weight at 384 tokens), and only where they fill more than half the SMs: with fewer
@@ -949,8 +950,9 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
 // 14336-row weight: 6-9% faster than wide tiles split two ways, H100). Then outputs that leave
 // at least half the SMs without a wide tile split K (launch_split). Outputs that fit one wave of
 // 128 x 64 tiles run in those, unpaired: more SMs share the few K steps of a small product (H100,
-// bf16: squares of 256-1024 and 128-768 rows against 1024-8192 columns at K = 1024-2048, 1.06-1.2
-// times as fast as narrow tiles; pairs were slower still). Otherwise whole_tile_plan, or its
+// bf16, outputs of one such wave: squares of 256-1024, and 128-768 rows against 1024-8192 columns
+// at K = 1024-2048, 1.06-1.21 times as fast as narrow tiles; 64 x 8192 x 2048 even; pairs were
+// slower still). Otherwise whole_tile_plan, or its
 // split tail where that takes less time, or last, in the nn.Linear layout, transposed tiles
 // where their waves take less SM time than either (launch_transposed_if_faster).
 template <class G, class Epi = NoEpilogue>

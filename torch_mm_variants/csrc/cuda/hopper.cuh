@@ -287,8 +287,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   }
 
 // D[64 x N] (+)= A[64 x 16] B[16 x N] for one warpgroup, float accumulation. The block tiles use
-// N = 128 or 256, and 160 or 192 tokens when the output is computed transposed; the skinny rung
-// puts up to 64 tokens in N. `accumulate` false overwrites D
+// N = 64, 128, 192 or 256 (320 as 256 + 64), and 160 or 192 tokens when the output is computed
+// transposed; the skinny rung puts up to 64 tokens in N. `accumulate` false overwrites D
 // (the first step of a tile). kTransA / kTransB: A is M-major / B is N-major.
 template <int N, bool kBf16, bool kTransA, bool kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
