@@ -135,10 +135,23 @@ def test_every_split_count(dtype, a_layout, b_layout):
 SPLIT_SHAPES = [(256, 4096, 4096), (136, 264, 4104), (100, 1000, 4104)]
 
 
-def kernel_grids(run, name_part):
-    """The launch grids (x, y, z) of the kernels that run() launches whose names contain
-    name_part."""
-    return [tuple(e["args"]["grid"]) for e in launched_kernels(run) if name_part in e["name"]]
+def wgmma_launches(run):
+    """The profiler's events of the wgmma kernels that run() launches."""
+    return [e for e in launched_kernels(run) if "wgmma_kernel" in e["name"]]
+
+
+def kernel_grids(run):
+    """The launch grids (x, y, z) of the wgmma kernels that run() launches."""
+    return [tuple(e["args"]["grid"]) for e in wgmma_launches(run)]
+
+
+def assert_one_launch(run, tile, grid, shape):
+    """run() launches one wgmma kernel, in the given grid and with tile (part of its template
+    arguments) in its name; returns that name."""
+    kernels = wgmma_launches(run)
+    assert [tuple(e["args"]["grid"]) for e in kernels] == [grid], f"{shape}: {kernels}"
+    assert tile in kernels[0]["name"], kernels[0]["name"]
+    return kernels[0]["name"]
 
 
 @needs_sm90
@@ -148,10 +161,10 @@ def test_split_k_takes_the_split_path():
     for m, n, k in SPLIT_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM), "wgmma_kernel")
+        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM))
         assert len(grids) == 1 and 1 < grids[0][1] <= 8, f"{m}x{n}x{k}: grids {grids}"
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
-    assert kernel_grids(lambda: mmv.matmul(a, a, ALGORITHM), "wgmma_kernel")[0][1] == 1
+    assert kernel_grids(lambda: mmv.matmul(a, a, ALGORITHM))[0][1] == 1
 
 
 # Mid-size outputs and the launch grid (blocks, splits) each takes on a GPU of 132 SMs: narrow
@@ -191,7 +204,7 @@ def test_mid_size_plans_take_their_grids():
     for (m, n, k), (blocks, splits) in PLAN_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM), "wgmma_kernel")
+        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM))
         assert grids == [(blocks, splits, 1)], f"{m}x{n}x{k}: grids {grids}"
 
 
@@ -243,10 +256,7 @@ def test_between_tile_plans_take_their_grids():
     for (m, n, k), (tile, grid) in BETWEEN_SHAPES:
         a = padded_view(m, k, "row", torch.bfloat16)
         b = padded_view(k, n, "row", torch.bfloat16)  # rows TMA can address, also where n is odd
-        kernels = [e for e in launched_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
-                   if "wgmma_kernel" in e["name"]]
-        assert [tuple(e["args"]["grid"]) for e in kernels] == [grid], f"{m}x{n}x{k}: {kernels}"
-        assert tile in kernels[0]["name"], kernels[0]["name"]
+        assert_one_launch(lambda: mmv.matmul(a, b, ALGORITHM), tile, grid, f"{m}x{n}x{k}")
 
 
 @needs_sm90
@@ -264,7 +274,7 @@ def test_split_tail_takes_its_grids():
     for (m, n, k), expected in TAIL_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # rows TMA can address
-        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM), "wgmma_kernel")
+        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM))
         if expected is None:  # paired blocks: as many pairs as the GPU holds at once
             assert len(grids) == 2 and grids[1] == (8, 8, 1), f"{m}x{n}x{k}: grids {grids}"
         else:
@@ -285,10 +295,9 @@ def test_transposed_plans_take_their_grids():
     for (m, n, k), (tile, grid) in TRANSPOSED_SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        kernels = [e for e in launched_kernels(lambda: mmv.matmul(x, w.t(), ALGORITHM))
-                   if "wgmma_kernel" in e["name"]]
-        assert [tuple(e["args"]["grid"]) for e in kernels] == [grid], f"{m}x{n}x{k}: {kernels}"
-        assert tile in kernels[0]["name"] and ", true>" in kernels[0]["name"], kernels[0]["name"]
+        name = assert_one_launch(lambda: mmv.matmul(x, w.t(), ALGORITHM), tile, grid,
+                                 f"{m}x{n}x{k}")
+        assert ", true>" in name, name
 
 
 @needs_sm90
