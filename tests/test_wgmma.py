@@ -145,11 +145,33 @@ def kernel_grids(run):
     return [tuple(e["args"]["grid"]) for e in wgmma_launches(run)]
 
 
-def assert_one_launch(run, tile, grid, shape):
-    """run() launches one wgmma kernel, in the given grid and with tile (part of its template
-    arguments) in its name; returns that name."""
+# The kernel's template arguments after the tile shape and the dtype: whether A and B are
+# K-contiguous, then kCluster, the blocks paired along M to share B (1 or 2).
+CLUSTER_ARGUMENT = re.compile(r"wgmma_kernel<.*?, (?:true|false), (?:true|false), (\d+), ")
+
+
+def cluster_of(name: str) -> int:
+    """kCluster of a wgmma kernel, from its name in the profiler's trace."""
+    match = CLUSTER_ARGUMENT.search(name)
+    assert match, f"no cluster argument in {name}"
+    return int(match.group(1))
+
+
+def plan_of(event):
+    """(grid, kCluster) of a wgmma kernel's profiler event."""
+    return tuple(event["args"]["grid"]), cluster_of(event["name"])
+
+
+def kernel_plans(run):
+    """(grid, kCluster) of each wgmma kernel that run() launches, in launch order."""
+    return [plan_of(e) for e in wgmma_launches(run)]
+
+
+def assert_one_launch(run, tile, grid, cluster, shape):
+    """run() launches one wgmma kernel, in the given grid and cluster and with tile (part of its
+    template arguments) in its name; returns that name."""
     kernels = wgmma_launches(run)
-    assert [tuple(e["args"]["grid"]) for e in kernels] == [grid], f"{shape}: {kernels}"
+    assert [plan_of(e) for e in kernels] == [(grid, cluster)], f"{shape}: {kernels}"
     assert tile in kernels[0]["name"], kernels[0]["name"]
     return kernels[0]["name"]
 
@@ -167,18 +189,19 @@ def test_split_k_takes_the_split_path():
     assert kernel_grids(lambda: mmv.matmul(a, a, ALGORITHM))[0][1] == 1
 
 
-# Mid-size outputs and the launch grid (blocks, splits) each takes on a GPU of 132 SMs: narrow
-# 128 x 128 tiles in two splits (2 tile rows x 32 columns, a K tail of 8 in the last split), in
-# eight (8 tiles) and in three (32 tiles: three quarters of the SMs); past K = 8192 wide tiles,
-# split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows;
-# narrow tiles filling most SMs in one wave, unpaired (3 x 40; 2 x 55, too short a K for pairs
-# over a partial wave; 3 x 32 full rows: 73% of the SMs); 128 x 192 tiles over 3 rows (3 x 40),
-# and wide tiles unpaired where pairs would need a second wave (3 x 43).
-PLAN_SHAPES = [((200, 4000, 4104), (64, 2)), ((128, 1024, 4096), (8, 8)),
-               ((256, 2048, 8192), (32, 3)), ((300, 1000, 8200), (12, 8)),
-               ((256, 1000, 8200), (8, 4)), ((300, 5000, 200), (120, 1)),
-               ((256, 7000, 320), (110, 1)), ((384, 4096, 4096), (96, 1)),
-               ((300, 7680, 136), (120, 1)), ((320, 11008, 256), (129, 1))]
+# Mid-size outputs and the launch grid (blocks, splits) and cluster (1 alone, 2 in pairs along M)
+# each takes on a GPU of 132 SMs: narrow 128 x 128 tiles in two splits (2 tile rows x 32 columns,
+# a K tail of 8 in the last split), in eight (8 tiles) and in three (32 tiles: three quarters of
+# the SMs), all unpaired; past K = 8192 wide tiles, split 8 ways unpaired over an odd count of
+# tile rows (3) and 4 ways in pairs over 2 rows; narrow tiles filling most SMs in one wave,
+# unpaired (3 x 40; 2 x 55, too short a K for pairs over a partial wave; 3 x 32 full rows: 73% of
+# the SMs); 128 x 192 tiles over 3 rows (3 x 40), unpaired; and wide tiles unpaired where pairs
+# would need a second wave (3 x 43).
+PLAN_SHAPES = [((200, 4000, 4104), (64, 2, 1)), ((128, 1024, 4096), (8, 8, 1)),
+               ((256, 2048, 8192), (32, 3, 1)), ((300, 1000, 8200), (12, 8, 1)),
+               ((256, 1000, 8200), (8, 4, 2)), ((300, 5000, 200), (120, 1, 1)),
+               ((256, 7000, 320), (110, 1, 1)), ((384, 4096, 4096), (96, 1, 1)),
+               ((300, 7680, 136), (120, 1, 1)), ((320, 11008, 256), (129, 1, 1))]
 
 
 @needs_sm90
@@ -200,45 +223,47 @@ def assert_plans_match_reference(plans, dtype, a_layout, b_layout):
 @needs_sm90
 @needs_132_sms
 def test_mid_size_plans_take_their_grids():
-    """The grids of PLAN_SHAPES, which depend on the SM count (H100 SXM and H200: 132)."""
-    for (m, n, k), (blocks, splits) in PLAN_SHAPES:
+    """The grids and clusters of PLAN_SHAPES, which depend on the SM count (H100 SXM and H200:
+    132)."""
+    for (m, n, k), (blocks, splits, cluster) in PLAN_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM))
-        assert grids == [(blocks, splits, 1)], f"{m}x{n}x{k}: grids {grids}"
+        plans = kernel_plans(lambda: mmv.matmul(a, b, ALGORITHM))
+        assert plans == [((blocks, splits, 1), cluster)], f"{m}x{n}x{k}: {plans}"
 
 
 # Outputs whose wide tiles make a whole wave and a few more on 132 SMs (launch_split_tail): 3 tile
 # rows x 47 columns run as 44 columns unsplit (132 tiles) and 3 (9 tiles, the last column partial)
 # in 8 splits, the last with a K tail of 8; the same with an odd N, whose C rows TMA cannot store
 # (not 16-byte aligned); 4 tile rows, whose first 33 columns run in pairs sharing B.
-TAIL_SHAPES = [((380, 12000, 4104), [(132, 1, 1), (9, 8, 1)]),
-               ((380, 12001, 4104), [(132, 1, 1), (9, 8, 1)]), ((512, 8900, 4104), None)]
+TAIL_SHAPES = [((380, 12000, 4104), [((132, 1, 1), 1), ((9, 8, 1), 1)]),
+               ((380, 12001, 4104), [((132, 1, 1), 1), ((9, 8, 1), 1)]),
+               ((512, 8900, 4104), None)]
 
 # nn.Linear products computed transposed (C^T = W X^T): the tokens in tiles of 160 or 192, the
-# weight's rows in 128-row tiles, with the grids they take on 132 SMs. 300 tokens in two tiles of
-# 160 over 55 weight tiles, in 28 pairs sharing the tokens' tile (the last pair's second block
-# past the weight's rows); the same with an odd N, whose C rows TMA cannot store, and a K tail;
-# 192 tokens in one tile of 192 over 112 weight tiles, in pairs; 640 tokens in four tiles of 160
-# over 33 weight tiles, unpaired, since 17 pairs a column would take a second wave.
-TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1))),
-                     ((300, 7001, 4104), ("TileShape<160", (112, 1, 1))),
-                     ((192, 14336, 256), ("TileShape<192", (112, 1, 1))),
-                     ((640, 4224, 320), ("TileShape<160", (132, 1, 1)))]
+# weight's rows in 128-row tiles, with the grids and clusters they take on 132 SMs. 300 tokens
+# in two tiles of 160 over 55 weight tiles, in 28 pairs sharing the tokens' tile (the last pair's
+# second block past the weight's rows); the same with an odd N, whose C rows TMA cannot store,
+# and a K tail; 192 tokens in one tile of 192 over 112 weight tiles, in pairs; 640 tokens in four
+# tiles of 160 over 33 weight tiles, unpaired, since 17 pairs a column would take a second wave.
+TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1), 2)),
+                     ((300, 7001, 4104), ("TileShape<160", (112, 1, 1), 2)),
+                     ((192, 14336, 256), ("TileShape<192", (112, 1, 1), 2)),
+                     ((640, 4224, 320), ("TileShape<160", (132, 1, 1), 1))]
 
 
-# Outputs that take the tile shapes between narrow and wide, with the grids and tiles they take
-# on 132 SMs (B row-major). 128 x 192 tiles: 12 x 8 of them in one wave, unpaired since K is
-# short and the wave partial, with an odd N (C rows TMA cannot store) and without; 6 x 22 in 66
-# pairs sharing B over a long K with a K tail, odd N; 18 x 12 over two waves of the persistent
-# grid, K of four steps. 128 x 64 tiles for outputs that fit one wave of them: 8 x 16, and 2 x 16
-# with an odd N and a K tail.
-BETWEEN_SHAPES = [((1500, 1501, 1000), ("TileShape<192, 4, false>", (96, 1, 1))),
-                  ((1500, 1504, 1000), ("TileShape<192, 4, false>", (96, 1, 1))),
-                  ((700, 4099, 4104), ("TileShape<192, 4, false>", (132, 1, 1))),
-                  ((2304, 2304, 200), ("TileShape<192, 4, false>", (132, 1, 1))),
-                  ((1000, 1000, 1000), ("TileShape<64, 8, false>", (128, 1, 1))),
-                  ((129, 1001, 65), ("TileShape<64, 8, false>", (32, 1, 1)))]
+# Outputs that take the tile shapes between narrow and wide, with the tiles, grids and clusters
+# they take on 132 SMs (B row-major). 128 x 192 tiles: 12 x 8 of them in one wave, unpaired since
+# K is short and the wave partial, with an odd N (C rows TMA cannot store) and without; 6 x 22 in
+# 66 pairs sharing B over a long K with a K tail, odd N; 18 x 12 over two waves of the persistent
+# grid, unpaired, K of four steps. 128 x 64 tiles, unpaired, for outputs that fit one wave of
+# them: 8 x 16, and 2 x 16 with an odd N and a K tail.
+BETWEEN_SHAPES = [((1500, 1501, 1000), ("TileShape<192, 4, false>", (96, 1, 1), 1)),
+                  ((1500, 1504, 1000), ("TileShape<192, 4, false>", (96, 1, 1), 1)),
+                  ((700, 4099, 4104), ("TileShape<192, 4, false>", (132, 1, 1), 2)),
+                  ((2304, 2304, 200), ("TileShape<192, 4, false>", (132, 1, 1), 1)),
+                  ((1000, 1000, 1000), ("TileShape<64, 8, false>", (128, 1, 1), 1)),
+                  ((129, 1001, 65), ("TileShape<64, 8, false>", (32, 1, 1), 1))]
 
 
 @needs_sm90
@@ -252,11 +277,12 @@ def test_between_tile_plans(dtype, a_layout, b_layout):
 @needs_sm90
 @needs_132_sms
 def test_between_tile_plans_take_their_grids():
-    """Each shape of BETWEEN_SHAPES runs in its tile shape and grid (132 SMs)."""
-    for (m, n, k), (tile, grid) in BETWEEN_SHAPES:
+    """Each shape of BETWEEN_SHAPES runs in its tile shape, grid and cluster (132 SMs)."""
+    for (m, n, k), (tile, grid, cluster) in BETWEEN_SHAPES:
         a = padded_view(m, k, "row", torch.bfloat16)
         b = padded_view(k, n, "row", torch.bfloat16)  # rows TMA can address, also where n is odd
-        assert_one_launch(lambda: mmv.matmul(a, b, ALGORITHM), tile, grid, f"{m}x{n}x{k}")
+        assert_one_launch(lambda: mmv.matmul(a, b, ALGORITHM), tile, grid, cluster,
+                          f"{m}x{n}x{k}")
 
 
 @needs_sm90
@@ -270,15 +296,17 @@ def test_split_tail_plans(dtype, a_layout, b_layout):
 @needs_sm90
 @needs_132_sms
 def test_split_tail_takes_its_grids():
-    """A launch over the whole wave's columns, then one over the rest in K splits (132 SMs)."""
+    """A launch over the whole wave's columns, then one over the rest in K splits, unpaired
+    (132 SMs)."""
     for (m, n, k), expected in TAIL_SHAPES:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(n, k, device="cuda", dtype=torch.bfloat16).t()  # rows TMA can address
-        grids = kernel_grids(lambda: mmv.matmul(a, b, ALGORITHM))
+        plans = kernel_plans(lambda: mmv.matmul(a, b, ALGORITHM))
         if expected is None:  # paired blocks: as many pairs as the GPU holds at once
-            assert len(grids) == 2 and grids[1] == (8, 8, 1), f"{m}x{n}x{k}: grids {grids}"
+            assert (len(plans) == 2 and plans[0][1] == 2 and plans[1] == ((8, 8, 1), 1)), \
+                f"{m}x{n}x{k}: {plans}"
         else:
-            assert grids == expected, f"{m}x{n}x{k}: grids {grids}"
+            assert plans == expected, f"{m}x{n}x{k}: {plans}"
 
 
 @needs_sm90
@@ -292,10 +320,10 @@ def test_transposed_plans(dtype):
 @needs_132_sms
 def test_transposed_plans_take_their_grids():
     """x @ w.t() with few tokens against many weight rows runs transposed (132 SMs)."""
-    for (m, n, k), (tile, grid) in TRANSPOSED_SHAPES:
+    for (m, n, k), (tile, grid, cluster) in TRANSPOSED_SHAPES:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        name = assert_one_launch(lambda: mmv.matmul(x, w.t(), ALGORITHM), tile, grid,
+        name = assert_one_launch(lambda: mmv.matmul(x, w.t(), ALGORITHM), tile, grid, cluster,
                                  f"{m}x{n}x{k}")
         assert ", true>" in name, name
 

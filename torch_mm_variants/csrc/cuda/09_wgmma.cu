@@ -673,14 +673,18 @@ int64_t paired_blocks(int64_t M, int64_t N) {
   return 2 * tile_count<S, 2>(M, N);
 }
 
-// Whether pairs sharing B repay their cluster's barriers: over a long K (kMinStepsToSplit steps
-// or more), or where the tiles fill their waves (95%), which leaves L2 no bandwidth to spare. On
+// K steps from which pairs of blocks repay their cluster's barriers over any waves (K = 4096,
+// where K splits start to repay their adding too).
+constexpr int kLongKSteps = 4096 / BK;
+
+// Whether pairs sharing B repay their cluster's barriers: over a long K (kLongKSteps steps or
+// more), or where the tiles fill their waves (95%), which leaves L2 no bandwidth to spare. On
 // the H100 (bf16) 128 x 192 tiles in pairs ran 1.0-1.4 times as fast as single blocks from
 // K = 4096 (256-1536 rows against weights of 4096-28672 rows) and 0.99-1.08 times at K = 1024-3072
 // over full waves, but 0.9-0.97 times over partial ones (1280 x 2048 x 2048, 2560 x 1024 x 1024,
 // 2304^3, 1536^3); 128 x 128 tiles 0.88-0.9 times on 1280^3 (100 tiles).
 bool pairing_pays(int64_t tiles, int64_t K, int sms) {
-  return ceil_div(K, BK) >= kMinStepsToSplit || wave_efficiency(tiles, sms) >= 0.95;
+  return ceil_div(K, BK) >= kLongKSteps || wave_efficiency(tiles, sms) >= 0.95;
 }
 
 // Whether blocks of tile shape S pair along M to share B. Wide tiles pair wherever there are two
@@ -698,13 +702,14 @@ bool pairing_pays(int64_t tiles, int64_t K, int sms) {
 // tiles on 512 x 4096: pairs 1.02-1.05 times as fast); and where pairing_pays.
 template <class S>
 bool pairs_along_m(int64_t M, int64_t N, int64_t K, int sms) {
+  constexpr bool kNarrow = std::is_same_v<S, NarrowTile>;
+  // Wide, wider and token tiles read enough B per block that sharing it pays over any K.
+  constexpr bool kPairsOnlyWherePaying = kNarrow || std::is_same_v<S, MidTile>;
   const int64_t tiles = tile_count<S>(M, N);
-  if constexpr (std::is_same_v<S, NarrowTile>) {
-    return rows_pair_evenly(M) && 2 * tiles > sms && pairing_pays(tiles, K, sms);
-  }
-  const bool no_extra_wave = M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tiles, sms);
-  if constexpr (std::is_same_v<S, MidTile>) return no_extra_wave && pairing_pays(tiles, K, sms);
-  return no_extra_wave;
+  const bool pairs_fit =
+      kNarrow ? rows_pair_evenly(M) && 2 * tiles > sms
+              : M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tiles, sms);
+  return pairs_fit && (!kPairsOnlyWherePaying || pairing_pays(tiles, K, sms));
 }
 
 // Estimated time, in waves of wide tiles, of an M x N output in tile shape S over all of K,
