@@ -230,7 +230,10 @@ at::Tensor product_autograd(Product product, const at::Tensor& a, const at::Tens
                             c10::string_view algorithm) {
   at::Tensor out;
   if (records_gradient({a, b})) {
-    out = Function::apply(a, b, std::string(algorithm));
+    // A C++ Function takes no dual inputs (it has no jvp): it gets the primals, and the tangent is
+    // attached below.
+    const bool dual = has_tangent({a, b});
+    out = Function::apply(dual ? primal_of(a) : a, dual ? primal_of(b) : b, std::string(algorithm));
   } else {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     out = product(a, b, algorithm);
@@ -279,7 +282,15 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
   const at::Tensor bias_or_none = bias.value_or(at::Tensor());
   at::Tensor out;
   if (records_gradient({x, weight, bias_or_none})) {
-    out = LinearFunction::apply(x, weight, bias, std::string(activation), std::string(algorithm));
+    if (has_tangent({x, weight, bias_or_none})) {  // primals only, as in product_autograd
+      const at::Tensor bias_primal = primal_of(bias_or_none);
+      out = LinearFunction::apply(
+          primal_of(x), primal_of(weight),
+          bias_primal.defined() ? c10::optional<at::Tensor>(bias_primal) : c10::nullopt,
+          std::string(activation), std::string(algorithm));
+    } else {
+      out = LinearFunction::apply(x, weight, bias, std::string(activation), std::string(algorithm));
+    }
   } else {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     out = linear_op(x, weight, bias, activation, algorithm);
