@@ -83,11 +83,56 @@ def test_autocast(device):
     assert w.grad.dtype == torch.float32 and w.grad.abs().sum() > 0
 
 
+@pytest.mark.parametrize("device", devices())
+def test_forward_mode_with_gradients_recorded(device):
+    """Dual inputs that also require grad (an mmv.Linear's parameters always do): the output gets
+    the tangent torch's own ops give it, and backward through the same output still matches."""
+    torch.manual_seed(0)
+    import torch.autograd.forward_ad as fwAD
+    reference = nn.Linear(6, 4).to(device)
+    layer = mmv.Linear(6, 4).to(device)
+    layer.load_state_dict(reference.state_dict())
+    a = torch.randn(5, 6, device=device, requires_grad=True)
+    b = torch.randn(6, 3, device=device, requires_grad=True)
+    x, dx, db = torch.randn(2, 5, 6, device=device), torch.randn(2, 5, 6, device=device), \
+        torch.randn_like(b)
+    with fwAD.dual_level():
+        ours = layer(fwAD.make_dual(x, dx))
+        theirs = reference(fwAD.make_dual(x, dx))
+        for out, expected in [(ours, theirs), (mmv.matmul(a, fwAD.make_dual(b, db)),
+                                               a @ fwAD.make_dual(b, db))]:
+            got, want = fwAD.unpack_dual(out), fwAD.unpack_dual(expected)
+            assert relative_error(got.primal, want.primal.double()) < 1e-5
+            assert relative_error(got.tangent, want.tangent.double()) < 1e-5
+        ours.sum().backward()
+        theirs.sum().backward()
+    for param, expected in [(layer.weight, reference.weight), (layer.bias, reference.bias)]:
+        assert relative_error(param.grad, expected.grad.double()) < 1e-5
+
+
+class ProductCounter(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the op's products below autograd, gradients' included."""
+    def __init__(self):
+        super().__init__()
+        self.products = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.products += func.name() == "mm_variants::matmul"
+        return func(*args, **(kwargs or {}))
+
+
 def test_only_needed_gradients():
+    """Backward computes grad_a = grad @ b^T only, where b requires grad too but only a's gradient
+    is asked for: one product forward, one backward, and b gets nothing."""
     a = torch.randn(4, 3, requires_grad=True)
-    b = torch.randn(3, 2)
-    mmv.matmul(a, b).sum().backward()
-    assert a.grad is not None and b.grad is None
+    b = torch.randn(3, 2, requires_grad=True)
+    with ProductCounter() as counter:
+        out = mmv.matmul(a, b)
+        assert counter.products == 1
+        (grad_a,) = torch.autograd.grad(out.sum(), [a])
+    assert counter.products == 2
+    assert relative_error(grad_a, (torch.ones(4, 2) @ b.t()).double()) < 1e-6
+    assert b.grad is None
 
 
 @pytest.mark.parametrize("device", devices())
@@ -154,10 +199,18 @@ def test_compile_module_and_backward(device):
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
     for batch in [3, 11]:
         x = torch.randn(2, batch, 16, device=device, requires_grad=True)
+        x_eager = x.detach().clone().requires_grad_()
+        model.zero_grad()
         y = compiled(x)
-        assert relative_error(y, model(x).double()) < 1e-6
         y.sum().backward()
-        assert x.grad is not None and model.up.weight.grad is not None
+        compiled_grads = [p.grad.clone() for p in model.parameters()]
+        model.zero_grad()
+        y_eager = model(x_eager)
+        y_eager.sum().backward()
+        assert relative_error(y, y_eager.double()) < 1e-6
+        assert relative_error(x.grad, x_eager.grad.double()) < 1e-6
+        for grad, p in zip(compiled_grads, model.parameters()):
+            assert relative_error(grad, p.grad.double()) < 1e-6
 
 
 def test_linear_matches_nn_linear():
