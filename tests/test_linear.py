@@ -206,6 +206,18 @@ def test_unknown_algorithm_is_refused_when_the_layer_is_made():
     assert layer.algorithm == "tiled"
 
 
+def test_unknown_activation_is_refused_when_the_layer_is_made():
+    """As with algorithms: Linear and a later assignment refuse an activation that
+    mm_variants::linear does not apply, listing the valid ones, and the layer keeps its own."""
+    message = r"unknown activation 'tanh'; valid activations: none, relu, gelu, gelu_tanh, silu"
+    with pytest.raises(ValueError, match=message):
+        mmv.Linear(4, 3, activation="tanh")
+    layer = mmv.Linear(4, 3, activation="relu")
+    with pytest.raises(ValueError, match=message):
+        layer.activation = "tanh"
+    assert layer.activation == "relu" and "activation='relu'" in repr(layer)
+
+
 def test_layer_takes_any_registered_algorithm():
     """Every name of the registry is taken, a GPU's too when the build has CUDA kernels, even on a
     machine without a GPU (the layer may move to one later); the op refuses it where it cannot

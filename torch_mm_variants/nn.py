@@ -5,6 +5,7 @@ import torch
 from torch import nn
 
 from . import _C
+from .ops import ACTIVATIONS
 
 
 def check_algorithm(name: str) -> str:
@@ -17,6 +18,14 @@ def check_algorithm(name: str) -> str:
     return name
 
 
+def check_activation(name: str) -> str:
+    """`name`, if mm_variants::linear applies it; otherwise a ValueError that lists the valid
+    names."""
+    if name not in ACTIVATIONS:
+        raise ValueError(f"unknown activation {name!r}; valid activations: {', '.join(ACTIVATIONS)}")
+    return name
+
+
 class Linear(nn.Linear):
     """A drop-in for nn.Linear whose product runs through mm_variants::matmul.
 
@@ -25,7 +34,8 @@ class Linear(nn.Linear):
     dimensions. The weight is read in place as weight.t(): no transposed copy is made. An
     optional activation ("relu", "gelu", "gelu_tanh", "silu") is applied with the bias, fused
     into the kernel where the kernel supports it (mm_variants::linear). An unknown `algorithm`
-    is refused (ValueError) when the layer is made or the name is assigned, not at its first call.
+    or `activation` is refused (ValueError) when the layer is made or the name is assigned, not
+    at its first call.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
@@ -42,6 +52,14 @@ class Linear(nn.Linear):
     @algorithm.setter
     def algorithm(self, name: str) -> None:
         self._algorithm = check_algorithm(name)
+
+    @property
+    def activation(self) -> str:
+        return self._activation
+
+    @activation.setter
+    def activation(self, name: str) -> None:
+        self._activation = check_activation(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.mm_variants.linear(x, self.weight, self.bias, self.activation,
