@@ -62,6 +62,24 @@ def test_empty_dimensions(device, algorithm):
         assert torch.equal(out, torch.zeros(m, n, device=device))
 
 
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_sums_accumulate_in_float32(device, algorithm, dtype):
+    """Sums of 3000 ones come out as 3000 rounded to the dtype once: a float32 sum is exact, where
+    float16 sums stop at 2048 and bfloat16 ones at 256. The 16-bit tolerance of random products
+    (1e-2) would not tell a 16-bit accumulator apart; this does, on every rung and both layouts
+    of b (rows 16-byte aligned, so the TMA rungs take them)."""
+    m, n, k = 33, 72, 3000
+    a = torch.ones(m, k, dtype=dtype, device=device)
+    for b in [torch.ones(k, n, dtype=dtype, device=device),
+              torch.ones(n, k, dtype=dtype, device=device).t()]:
+        result = run_checked(a, b, algorithm)
+        if result is None:
+            return
+        out, _ = result
+        assert torch.equal(out, torch.full((m, n), float(k), dtype=dtype, device=device)), (
+            f"sums of {k} ones: {out.unique().tolist()}")
+
+
 @pytest.mark.parametrize("device,algorithm", algorithm_params())
 def test_inputs_are_not_written(device, algorithm):
     a, b = torch.randn(40, 30, device=device), torch.randn(30, 20, device=device)
@@ -76,7 +94,9 @@ def test_auto(device, dtype):
     a, b = random_matrix(100, 80, dtype, device), random_matrix(80, 60, dtype, device, "col")
     assert mmv.auto_choice(a, b) in mmv.algorithms(device)
     assert_matches_reference(a, b, "auto")
+    # The wrapper's default is the op's auto, and auto runs the algorithm it reports.
     assert torch.equal(mmv.matmul(a, b), torch.ops.mm_variants.matmul(a, b, "auto"))
+    assert torch.equal(mmv.matmul(a, b), mmv.matmul(a, b, mmv.auto_choice(a, b)))
 
 
 @pytest.mark.parametrize("isa", ["avx512", "avx2", "generic"])
