@@ -2,7 +2,8 @@
 
 CUDA sources are compiled when the installed torch was built with CUDA and nvcc is found;
 otherwise the extension is CPU-only and every CUDA registration (which lives only in .cu files)
-is simply absent. The CUDA arch list defaults to sm_80 plus sm_90a and is overridden by
+is simply absent. The CUDA arch list defaults to sm_80 (machine code, and PTX that the driver
+compiles for newer GPUs, e.g. sm_100 and sm_120) plus sm_90a, and is overridden by
 TORCH_CUDA_ARCH_LIST.
 """
 import ctypes.util
@@ -15,7 +16,7 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 PACKAGE = "torch_mm_variants"
 CSRC = os.path.join(PACKAGE, "csrc")
-DEFAULT_CUDA_ARCHS = "8.0;9.0a"
+DEFAULT_CUDA_ARCHS = "8.0+PTX;9.0a"
 
 
 def read_version() -> str:

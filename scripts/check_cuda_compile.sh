@@ -22,7 +22,8 @@ compile() {
   "$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -DMM_VARIANTS_WITH_CUDA \
     -Xcudafe --diag_suppress=3306 -Xcompiler -Wno-c++20-extensions \
     -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H \
-    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90a,code=sm_90a -DMM_VARIANTS_WITH_SM90A \
+    -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80 \
+    -gencode=arch=compute_90a,code=sm_90a -DMM_VARIANTS_WITH_SM90A \
     -I"$SHIM" -I"$TORCH_DIR/include" -I"$TORCH_DIR/include/torch/csrc/api/include" -I"$PY_INCLUDE" \
     -c "$1" -o "$OUT_DIR/$(basename "$1").o" && echo "compiled $1"
 }
