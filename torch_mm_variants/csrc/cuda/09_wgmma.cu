@@ -237,25 +237,24 @@ template <class S, typename T, class Epi>
 __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators], const Epi& epi,
                                            T* c, int ldc, int M, int N, int row0, int col0) {
   const int lane = threadIdx.x % 32;
-  const int row = row0 + 16 * (threadIdx.x / 32 % 4) + lane / 4;
+  // 64-bit: the last tile of an extent near 2^31 reaches past it.
+  const int64_t row = int64_t(row0) + 16 * (threadIdx.x / 32 % 4) + lane / 4;
   const bool pairs = ldc % 2 == 0;  // C rows then start 4-byte aligned
 #pragma unroll
   for (int j = 0; j < S::BN / 8; ++j) {
-    const int col = col0 + 8 * j + 2 * (lane % 4);
+    const int64_t col = int64_t(col0) + 8 * j + 2 * (lane % 4);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int m = row + 8 * h;
+      const int64_t m = row + 8 * h;
       if (m >= M || col >= N) continue;
+      const int m32 = static_cast<int>(m), col32 = static_cast<int>(col);  // inside C
       if constexpr (S::kTransposed) {  // a column of C: one element per row
-        c[static_cast<int64_t>(col) * ldc + m] = static_cast<T>(epi(acc[4 * j + 2 * h], m));
-        if (col + 1 < N) {
-          c[static_cast<int64_t>(col + 1) * ldc + m] =
-              static_cast<T>(epi(acc[4 * j + 2 * h + 1], m));
-        }
+        c[col * ldc + m] = static_cast<T>(epi(acc[4 * j + 2 * h], m32));
+        if (col + 1 < N) c[(col + 1) * ldc + m] = static_cast<T>(epi(acc[4 * j + 2 * h + 1], m32));
         continue;
       }
-      T* dst = c + static_cast<int64_t>(m) * ldc + col;
-      const float x = epi(acc[4 * j + 2 * h], col), y = epi(acc[4 * j + 2 * h + 1], col + 1);
+      T* dst = c + m * ldc + col;
+      const float x = epi(acc[4 * j + 2 * h], col32), y = epi(acc[4 * j + 2 * h + 1], col32 + 1);
       if (pairs) {
         Vec<T, 2> v;
         v.v[0] = static_cast<T>(x);

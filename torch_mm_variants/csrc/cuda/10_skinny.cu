@@ -188,14 +188,17 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 
   // One step: k0 .. k0 + kStep; FULL when all of it lies before k_end. Past k_end both operands
   // read as zeros (load_row), so the products there vanish.
-  const auto step = [&](int k0, auto full) {
+  // k0 is an int for whole steps, 64-bit for the last, partial one, whose chunks may reach past
+  // 2^31 when K is near it.
+  const auto step = [&](auto k0, auto full) {
     constexpr bool kFull = decltype(full)::value;
     float fresh[TILES][4] = {};  // float32 only, see kFreshSums
     float(&into)[TILES][4] = kFreshSums ? fresh : acc;  // where this step's MMAs accumulate
     uint4 wv[kChunks][2], xv[kChunks][TILES];
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
-      const int k = k0 + c * kChunk, left = kFull ? kVec : k_end - k - t * kVec;
+      const auto k = k0 + c * kChunk;
+      const int left = kFull ? kVec : static_cast<int>(k_end - k - t * kVec);
 #pragma unroll
       for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
 #pragma unroll
@@ -248,7 +251,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 
   int64_t k0 = k_begin + warp * kStep;  // 64-bit: the last increment may pass 2^31
   for (; k0 + kStep <= k_end; k0 += kWarps * kStep) step(static_cast<int>(k0), std::true_type{});
-  if (k0 < k_end) step(static_cast<int>(k0), std::false_type{});
+  if (k0 < k_end) step(k0, std::false_type{});
 
   // The warps' sums meet in shared memory as [token][row]; each thread then adds the kWarps
   // values of some outputs in warp order and stores them, consecutive threads along n.
