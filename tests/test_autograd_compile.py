@@ -111,14 +111,67 @@ def test_forward_mode_with_gradients_recorded(device):
 
 
 class ProductCounter(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the op's products below autograd, gradients' included."""
+    """Counts the calls of each of the ops below autograd (and vmap), gradients' included:
+    `products` those of matmul, `calls` all of them by name."""
     def __init__(self):
         super().__init__()
-        self.products = 0
+        self.calls = {}
+
+    @property
+    def products(self):
+        return self.calls.get("matmul", 0)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.products += func.name() == "mm_variants::matmul"
+        namespace, _, name = func.name().partition("::")
+        if namespace == "mm_variants":
+            self.calls[name] = self.calls.get(name, 0) + 1
         return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("device", devices())
+def test_vmap_runs_batched_products(device):
+    """torch.vmap over the ops matches torch's own ops, with the vmapped dimension anywhere, an
+    operand shared or batched, nested, and with gradients; where a batched product can take the
+    whole batch it runs as one call (mm_variants::bmm, or linear's leading dimensions) instead of
+    once per entry."""
+    torch.manual_seed(0)
+    mm = torch.ops.mm_variants
+    a, b = torch.randn(4, 3, 6, device=device), torch.randn(6, 5, device=device)
+    b_batch = torch.randn(6, 4, 5, device=device)  # vmapped at dim 1
+    w, w_batch = torch.randn(7, 6, device=device), torch.randn(4, 7, 6, device=device)
+    bias_batch = torch.randn(4, 7, device=device)
+    cases = [  # (ours, theirs, inputs, in_dims, products of the op's own batched call)
+        (mmv.matmul, torch.mm, (a, b), (0, None), {"bmm": 1}),
+        (mmv.matmul, torch.mm, (a[0], b_batch), (None, 1), {"bmm": 1}),
+        (mmv.matmul, torch.mm, (a.transpose(0, 1), b_batch), (1, 1), {"bmm": 1}),
+        (lambda x, y: mm.bmm(x, y), torch.bmm, (torch.randn(2, 4, 3, 6, device=device),
+                                              torch.randn(2, 4, 6, 5, device=device)), (0, 0),
+         {"bmm": 1}),
+        (lambda x, y: mm.bmm(x, y), torch.matmul, (torch.randn(2, 4, 3, 6, device=device), b),
+         (0, None), {"bmm": 1}),
+        (lambda x, y: mm.bmm(x, y), torch.matmul, (torch.randn(2, 4, 3, 6, device=device),
+                                                 torch.randn(2, 6, 5, device=device)), (0, 0),
+         {"bmm": 2}),
+        (lambda x: mmv.linear(x, w, activation="relu"),
+         lambda x: nn.functional.relu(nn.functional.linear(x, w)), (torch.randn(4, 2, 3, 6,
+                                                                               device=device),),
+         (0,), {"linear": 1}),
+        (mmv.linear, nn.functional.linear, (a, w_batch, bias_batch), (0, 0, 0), {"linear": 4}),
+        (mmv.linear, nn.functional.linear, (a[0], w_batch), (None, 0), {"linear": 4}),
+    ]
+    for ours, theirs, inputs, in_dims, calls in cases:
+        with ProductCounter() as counter:
+            out = torch.vmap(ours, in_dims=in_dims)(*inputs)
+        assert counter.calls == calls, (in_dims, counter.calls)
+        expected = torch.vmap(theirs, in_dims=in_dims)(*inputs)
+        assert out.shape == expected.shape
+        assert relative_error(out, expected.double()) < 1e-5
+    b_stack = b_batch.movedim(1, 0)
+    nested = torch.vmap(torch.vmap(mmv.matmul, in_dims=(0, None)), in_dims=(None, 0))(a, b_stack)
+    assert relative_error(nested, torch.einsum("imk,jkn->jimn", a, b_stack).double()) < 1e-5
+    leaf = a.clone().requires_grad_()
+    torch.vmap(mmv.matmul, in_dims=(0, None))(leaf, b).sum().backward()
+    assert relative_error(leaf.grad, torch.ones(4, 3, 5, device=device) @ b.t()) < 1e-5
 
 
 def test_only_needed_gradients():

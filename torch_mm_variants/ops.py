@@ -90,3 +90,63 @@ def _bmm_fake(a, b, algorithm="auto"):
     _check_same_kind("matmul", "a and b", a, b)
     _C.check_dtype_and_algorithm(a.dtype, a.device, algorithm)
     return a.new_empty((a.shape[0], a.shape[1], b.shape[-1]))
+
+
+# vmap rules: a vmapped product runs as one batched product (mm_variants::bmm, or linear's leading
+# dimensions) instead of PyTorch's fallback, which calls the op once per entry and warns.
+
+def _batch_first(t: torch.Tensor, dim, size: int) -> torch.Tensor:
+    """t with its vmapped dimension first; an unbatched t repeated `size` times (a stride-0 view)."""
+    return t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
+
+
+def _entry(t, dim, v: int):
+    """Entry v of t's vmapped dimension `dim`; t itself where it is unbatched (or None)."""
+    return t if dim is None or t is None else t.select(dim, v)
+
+
+def _per_entry(op, size: int, inputs, in_dims, *options) -> torch.Tensor:
+    """op on each of the `size` entries of the batched inputs, stacked; with none, an empty
+    batch of the shape op's fake kernel gives an entry."""
+    if size == 0:
+        entries = [None if t is None else
+                   torch.empty(t.shape if d is None else t.shape[:d] + t.shape[d + 1:],
+                               dtype=t.dtype, device="meta") for t, d in zip(inputs, in_dims)]
+        return inputs[0].new_empty((0, *op(*entries, *options).shape))
+    outs = [op(*(_entry(t, d, v) for t, d in zip(inputs, in_dims)), *options) for v in range(size)]
+    return torch.stack(outs)
+
+
+@torch.library.register_vmap("mm_variants::matmul")
+def _matmul_vmap(info, in_dims, a, b, algorithm="auto"):
+    a_dim, b_dim = in_dims[0], in_dims[1]
+    a_batch = _batch_first(a, a_dim, info.batch_size)
+    b_batch = b if b_dim is None else b.movedim(b_dim, 0)  # an unbatched b is shared
+    return torch.ops.mm_variants.bmm(a_batch, b_batch, algorithm), 0
+
+
+@torch.library.register_vmap("mm_variants::bmm")
+def _bmm_vmap(info, in_dims, a, b, algorithm="auto"):
+    """V entries of batches of B products: one bmm of V * B products where a is batched and b is
+    either shared by all of them or batched too; otherwise one bmm per entry (no copies of an
+    operand that all entries share)."""
+    a_dim, b_dim = in_dims[0], in_dims[1]
+    size = info.batch_size
+    if a_dim is not None and (b_dim is not None and b.dim() == 4 or b_dim is None and b.dim() == 2):
+        a_batch = a.movedim(a_dim, 0)
+        b_flat = b if b_dim is None else b.movedim(b_dim, 0).flatten(0, 1)
+        out = torch.ops.mm_variants.bmm(a_batch.flatten(0, 1), b_flat, algorithm)
+        return out.unflatten(0, (size, a_batch.shape[1])), 0
+    return _per_entry(torch.ops.mm_variants.bmm, size, (a, b), (a_dim, b_dim), algorithm), 0
+
+
+@torch.library.register_vmap("mm_variants::linear")
+def _linear_vmap(info, in_dims, x, weight, bias=None, activation="none", algorithm="auto"):
+    """A vmapped x is one more leading dimension, which linear takes as it is; per-entry weights
+    or biases run one linear per entry."""
+    x_dim, weight_dim, bias_dim = (*in_dims, None)[:3]  # in_dims has no entry for an omitted bias
+    if weight_dim is None and bias_dim is None:
+        return torch.ops.mm_variants.linear(x.movedim(x_dim, 0), weight, bias, activation,
+                                            algorithm), 0
+    return _per_entry(torch.ops.mm_variants.linear, info.batch_size, (x, weight, bias),
+                      (x_dim, weight_dim, bias_dim), activation, algorithm), 0
