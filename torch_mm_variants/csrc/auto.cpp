@@ -153,6 +153,9 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b) {
   check_has_candidate(!candidates.empty(), a.device(), a.scalar_type());
   AutoDecision heuristic{heuristic_choice(candidates, a, b), "heuristic", ""};
   TuningState& s = state();
+  // Held while measuring too: one measurement at a time, so that no two threads time kernels on
+  // one GPU at once (each would slow the other's). Other threads' auto calls wait for it, once
+  // per new bucket.
   const std::lock_guard<std::mutex> lock(s.mutex);
   const auto tuner = s.tuners.find(a.device().type());
   if (tuner == s.tuners.end()) return heuristic;
