@@ -228,17 +228,17 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
 template <class Function>
 at::Tensor product_autograd(Product product, const at::Tensor& a, const at::Tensor& b,
                             c10::string_view algorithm) {
+  const bool dual = has_tangent({a, b});
   at::Tensor out;
   if (records_gradient({a, b})) {
     // A C++ Function takes no dual inputs (it has no jvp): it gets the primals, and the tangent is
     // attached below.
-    const bool dual = has_tangent({a, b});
     out = Function::apply(dual ? primal_of(a) : a, dual ? primal_of(b) : b, std::string(algorithm));
   } else {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     out = product(a, b, algorithm);
   }
-  if (!has_tangent({a, b})) return out;
+  if (!dual) return out;
   const at::Tensor da = tangent_of(a), db = tangent_of(b);
   return with_tangent(out, sum_defined({da.defined() ? product(da, primal_of(b), algorithm)
                                                      : at::Tensor(),
@@ -280,22 +280,20 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
                            const c10::optional<at::Tensor>& bias, c10::string_view activation,
                            c10::string_view algorithm) {
   const at::Tensor bias_or_none = bias.value_or(at::Tensor());
+  const bool dual = has_tangent({x, weight, bias_or_none});
   at::Tensor out;
   if (records_gradient({x, weight, bias_or_none})) {
-    if (has_tangent({x, weight, bias_or_none})) {  // primals only, as in product_autograd
-      const at::Tensor bias_primal = primal_of(bias_or_none);
-      out = LinearFunction::apply(
-          primal_of(x), primal_of(weight),
-          bias_primal.defined() ? c10::optional<at::Tensor>(bias_primal) : c10::nullopt,
-          std::string(activation), std::string(algorithm));
-    } else {
-      out = LinearFunction::apply(x, weight, bias, std::string(activation), std::string(algorithm));
-    }
+    // With tangents, the primals, as in product_autograd.
+    const at::Tensor bias_in = dual ? primal_of(bias_or_none) : bias_or_none;
+    out = LinearFunction::apply(
+        dual ? primal_of(x) : x, dual ? primal_of(weight) : weight,
+        bias_in.defined() ? c10::optional<at::Tensor>(bias_in) : c10::nullopt,
+        std::string(activation), std::string(algorithm));
   } else {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     out = linear_op(x, weight, bias, activation, algorithm);
   }
-  if (!has_tangent({x, weight, bias_or_none})) return out;
+  if (!dual) return out;
   return with_tangent(out, linear_tangent(x, weight, bias_or_none, activation, algorithm));
 }
 
