@@ -96,7 +96,8 @@ def _bmm_fake(a, b, algorithm="auto"):
 # dimensions) instead of PyTorch's fallback, which calls the op once per entry and warns.
 
 def _batch_first(t: torch.Tensor, dim, size: int) -> torch.Tensor:
-    """t with its vmapped dimension first; an unbatched t repeated `size` times (a stride-0 view)."""
+    """t with its vmapped dimension first; an unbatched t repeated `size` times (a stride-0
+    view)."""
     return t.movedim(dim, 0) if dim is not None else t.expand(size, *t.shape)
 
 
