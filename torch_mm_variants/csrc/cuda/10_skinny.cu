@@ -185,24 +185,43 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // float32's tolerance of 1e-5). So each step's MMAs start from zero in `fresh`, and the steps'
   // sums meet in acc through float32 adds: chains of one step.
   constexpr bool kFreshSums = std::is_same_v<T, float>;
+  // A step's loads must all be in flight before its first MMA, or a warp waits on memory more
+  // than once a step. Short of registers, ptxas sinks loads it may move towards their first use:
+  // from 8 MMAs per chunk (16-bit inputs from 32 tokens, float32 from 16) it issued the weight and
+  // the first token tile's x, then each further tile's x just before that tile's MMAs. Loads
+  // inside a branch stay in it, so there every step checks whether it is whole and loads in one
+  // of two branches. A copy of this loop timed both ways on an H100 (scripts/bench_skinny.py's
+  // weights and both its timings) ran 1.3-2.8 times as fast so at 32-64 tokens, and float32 at 16
+  // tokens 1.07-1.12 times. With fewer MMAs ptxas keeps the loads together anyway, and whole
+  // steps load without the check, which there was up to 8% faster.
+  constexpr int kMmasPerChunk = 2 * TILES * kTerms * (kTerms + 1) / 2;
+  constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8;
 
-  // One step: k0 .. k0 + kStep; FULL when all of it lies before k_end. Past k_end both operands
-  // read as zeros (load_row), so the products there vanish.
-  // k0 is an int for whole steps, 64-bit for the last, partial one, whose chunks may reach past
-  // 2^31 when K is near it.
-  const auto step = [&](auto k0, auto full) {
-    constexpr bool kFull = decltype(full)::value;
+  // One step: k0 .. k0 + kStep; WHOLE when it is known to lie before k_end, else checked here.
+  // Past k_end both operands read as zeros (load_row), so the products there vanish.
+  // k0 is an int for whole steps, 64-bit for checked ones, whose chunks may reach past 2^31 when
+  // K is near it.
+  const auto step = [&](auto k0, auto whole) {
     float fresh[TILES][4] = {};  // float32 only, see kFreshSums
     float(&into)[TILES][4] = kFreshSums ? fresh : acc;  // where this step's MMAs accumulate
     uint4 wv[kChunks][2], xv[kChunks][TILES];
+    const auto load = [&](auto in_bounds) {
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const auto k = k0 + c * kChunk;
-      const int left = kFull ? kVec : static_cast<int>(k_end - k - t * kVec);
+      for (int c = 0; c < kChunks; ++c) {
+        const auto k = k0 + c * kChunk;
+        const int left = decltype(in_bounds)::value ? kVec : static_cast<int>(k_end - k - t * kVec);
 #pragma unroll
-      for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
+        for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
 #pragma unroll
-      for (int j = 0; j < TILES; ++j) xv[c][j] = load_row<true, false>(x_row[j] + k, left);
+        for (int j = 0; j < TILES; ++j) xv[c][j] = load_row<true, false>(x_row[j] + k, left);
+      }
+    };
+    if constexpr (decltype(whole)::value) {
+      load(std::true_type{});
+    } else if (k0 + kStep <= k_end) {
+      load(std::true_type{});
+    } else {
+      load(std::false_type{});
     }
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
@@ -250,8 +269,12 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   };
 
   int64_t k0 = k_begin + warp * kStep;  // 64-bit: the last increment may pass 2^31
-  for (; k0 + kStep <= k_end; k0 += kWarps * kStep) step(static_cast<int>(k0), std::true_type{});
-  if (k0 < k_end) step(k0, std::false_type{});
+  if constexpr (kKeepLoadsTogether) {
+    for (; k0 < k_end; k0 += kWarps * kStep) step(k0, std::false_type{});
+  } else {
+    for (; k0 + kStep <= k_end; k0 += kWarps * kStep) step(static_cast<int>(k0), std::true_type{});
+    if (k0 < k_end) step(k0, std::false_type{});
+  }
 
   // The warps' sums meet in shared memory as [token][row]; each thread then adds the kWarps
   // values of some outputs in warp order and stores them, consecutive threads along n.
