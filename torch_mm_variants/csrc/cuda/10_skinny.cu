@@ -191,9 +191,10 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // the first token tile's x, then each further tile's x just before that tile's MMAs. Loads
   // inside a branch stay in it, so there every step checks whether it is whole and loads in one
   // of two branches. A copy of this loop timed both ways on an H100 (scripts/bench_skinny.py's
-  // weights and both its timings) ran 1.3-2.8 times as fast so at 32-64 tokens, and float32 at 16
-  // tokens 1.07-1.12 times. With fewer MMAs ptxas keeps the loads together anyway, and whole
-  // steps load without the check, which there was up to 8% faster.
+  // weights, L2 cleared and back to back) ran 1.3-2.8 times as fast so at 32-64 tokens, and
+  // float32 at 16 tokens 1.07-1.12 times (docs/performance/decode.md). With fewer MMAs ptxas
+  // keeps the loads together anyway, and whole steps load without the check, which there was up
+  // to 8% faster.
   constexpr int kMmasPerChunk = 2 * TILES * kTerms * (kTerms + 1) / 2;
   constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8;
 
