@@ -210,7 +210,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const auto k = k0 + c * kChunk;
-        const int left = decltype(in_bounds)::value ? kVec : static_cast<int>(k_end - k - t * kVec);
+        const int left =
+            decltype(in_bounds)::value ? kVec : static_cast<int>(k_end - k - t * kVec);
 #pragma unroll
         for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
 #pragma unroll
