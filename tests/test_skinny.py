@@ -43,7 +43,8 @@ ALGORITHM_DTYPES = algorithm_dtypes()
 def sizes() -> list[tuple[int, int, int]]:
     """(M, N, K) varying one dimension at a time, plus a few corners. Small N splits K over
     blocks; N >= 2112 (skinny) or 17000 (skinny_tma) gives every SM blocks without a split."""
-    ms, ns, ks = [1, 2, 7, 16, 33, 64], [1, 7, 129, 1000], [1, 7, 129, 1000, 4097]
+    ms = [1, 2, 7, 16, 17, 24, 25, 33, 48, 49, 64]  # each side of rung 10's token-tile counts
+    ns, ks = [1, 7, 129, 1000], [1, 7, 129, 1000, 4097]
     return ([(m, 129, 1000) for m in ms] + [(16, n, 1000) for n in ns]
             + [(7, 129, k) for k in ks]
             + [(1, 1, 1), (64, 1000, 4097), (3, 4103, 1000), (64, 2500, 129), (5, 17000, 1000)])
@@ -93,7 +94,7 @@ def test_every_split_count(algorithm, dtype):
         assert_matches_reference(a, weight_view(65, k, dtype), algorithm)
 
 
-@pytest.mark.parametrize("m", [1, 17, 64])
+@pytest.mark.parametrize("m", [1, 17, 40, 64])
 def test_float32_keeps_float32_accuracy_over_long_k(m):
     """float32 runs in 3xTF32 on the tensor cores, whose accumulators lose bits over long chains
     of MMAs: the product must stay within float32's tolerance at the K of large nn.Linear layers

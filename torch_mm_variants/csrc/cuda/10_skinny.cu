@@ -87,11 +87,15 @@ struct SkinnyMma<c10::BFloat16> {
 
 template <>
 struct SkinnyMma<float> {
-  static constexpr int kTerms = 2;  // big and small: x = big + small to 22 bits
+  static constexpr int kTerms = 2;  // big and small: x = big + small to 21 bits and more
+  // big is x rounded to tf32, small the exact rest (|small| <= 2^-11 |x|). small goes to the MMA
+  // as it is: whatever the tensor core does with bits past tf32's (dropping them, as it does on
+  // Hopper), it errs by at most 2^-10 of small, 2^-21 of x, within float32's tolerance. Rounding
+  // small too cost one conversion (issued at half rate) per word, and the kernel is issue bound
+  // at many tokens: 1-5% faster without it at 32-64 tokens (H100), with the same errors.
   __device__ static void split(uint32_t x, uint32_t (&parts)[2]) {
     parts[0] = mma::round_to_tf32(x);
-    parts[1] = mma::round_to_tf32(
-        __float_as_uint(__uint_as_float(x) - __uint_as_float(parts[0])));
+    parts[1] = __float_as_uint(__uint_as_float(x) - __uint_as_float(parts[0]));
   }
   __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma::mma_m16n8k8_tf32(d, a, b);
@@ -194,9 +198,10 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // weights, L2 cleared and back to back) ran 1.3-2.8 times as fast so at 32-64 tokens, and
   // float32 at 16 tokens 1.07-1.12 times (docs/performance/decode.md). With fewer MMAs ptxas
   // keeps the loads together anyway, and whole steps load without the check, which there was up
-  // to 8% faster.
+  // to 8% faster. The exception is three 16-bit token tiles (6 MMAs per chunk): there ptxas moved
+  // the third tile's x loads behind that tile's `8 j >= M` test, a second round trip.
   constexpr int kMmasPerChunk = 2 * TILES * kTerms * (kTerms + 1) / 2;
-  constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8;
+  constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8 || TILES >= 3;
 
   // One step: k0 .. k0 + kStep; WHOLE when it is known to lie before k_end, else checked here.
   // Past k_end both operands read as zeros (load_row), so the products there vanish.
@@ -368,13 +373,20 @@ void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   skinny::check_extents(a, b);
   const auto [w, ldw] = skinny::weight(b);
   const auto [x, ldx] = skinny::tokens<T>(a);
+  // Token tiles past M cost their x loads (they read a valid row) and registers, so M picks the
+  // fewest tiles that cover it: 3 instead of 4 tiles at 17-24 tokens ran 1-4% faster, 6 instead
+  // of 8 at 33-48 tokens 5-15% (float32) and up to 5% (16-bit), on an H100.
   const int64_t M = a.size(0);
   if (M <= 8) {
     launch_skinny<T, 1>(x, ldx, w, ldw, out);
   } else if (M <= 16) {
     launch_skinny<T, 2>(x, ldx, w, ldw, out);
+  } else if (M <= 24) {
+    launch_skinny<T, 3>(x, ldx, w, ldw, out);
   } else if (M <= 32) {
     launch_skinny<T, 4>(x, ldx, w, ldw, out);
+  } else if (M <= 48) {
+    launch_skinny<T, 6>(x, ldx, w, ldw, out);
   } else {
     launch_skinny<T, 8>(x, ldx, w, ldw, out);
   }
