@@ -375,8 +375,8 @@ void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const auto [w, ldw] = skinny::weight(b);
   const auto [x, ldx] = skinny::tokens<T>(a);
   // Token tiles past M cost their x loads (they read a valid row) and registers, so M picks the
-  // fewest tiles that cover it: 3 instead of 4 tiles at 17-24 tokens ran 1-4% faster, 6 instead
-  // of 8 at 33-48 tokens 5-15% (float32) and up to 5% (16-bit), on an H100.
+  // fewest tiles that cover it: 3 instead of 4 tiles at 17-24 tokens ran up to 4% faster, 6
+  // instead of 8 at 40-48 tokens 7-18% (float32) and up to 5% (16-bit), on an H100.
   const int64_t M = a.size(0);
   if (M <= 8) {
     launch_skinny<T, 1>(x, ldx, w, ldw, out);
