@@ -87,7 +87,7 @@ struct SkinnyMma<c10::BFloat16> {
 
 template <>
 struct SkinnyMma<float> {
-  static constexpr int kTerms = 2;  // big and small: x = big + small to 21 bits and more
+  static constexpr int kTerms = 2;  // big and small: x = big + small to at least 21 bits
   // big is x rounded to tf32, small the exact rest (|small| <= 2^-11 |x|). small goes to the MMA
   // as it is: whatever the tensor core does with bits past tf32's (dropping them, as it does on
   // Hopper), it errs by at most 2^-10 of small, 2^-21 of x, within float32's tolerance. Rounding
