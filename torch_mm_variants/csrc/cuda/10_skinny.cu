@@ -193,6 +193,16 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // recomputing every x address in every step; 1.07-1.17 times as fast there (H100, A/B runs of
   // the kernel beside its previous version, both timings), the same within 1.5% elsewhere.
   constexpr bool kFreshSums = std::is_same_v<T, float>;
+  // The MMAs into one accumulator form a chain, each waiting for the one before it, and a warp
+  // issues in order: a tile's MMAs one after the other keep one MMA in flight. So the tiles of a
+  // group take turns, MMA by MMA, and float32's lone tile (1-8 tokens) sums its two k slices
+  // apart. float32 groups at most 6 tiles: with 8, the fresh sums of all 8 tiles are live (ptxas
+  // took 124 registers) and 57-64 tokens ran up to 6% slower than in groups of 4. In float32 this
+  // ran 1.1-1.25 times as fast at 32-64 tokens (H100, A/B runs of the kernel beside its previous
+  // version, both timings), and 16-bit inputs gained 2-8% from 32 tokens.
+  constexpr int kGroup = kFreshSums && TILES > 6 ? 4 : TILES;
+  static_assert(TILES % kGroup == 0, "groups of tiles cover the token tiles exactly");
+  constexpr int kSliceChains = kFreshSums && TILES == 1 ? 2 : 1;
   // A step's loads must all be in flight before its first MMA, or a warp waits on memory more
   // than once a step. Short of registers, ptxas sinks loads it may move towards their first use:
   // from 8 MMAs per chunk (16-bit inputs from 32 tokens, float32 from 16) it issued the weight and
@@ -212,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // k0 is an int for whole steps, 64-bit for checked ones, whose chunks may reach past 2^31 when
   // K is near it.
   const auto step = [&](auto k0, auto whole) {
-    float fresh[TILES][4] = {};  // float32 only, see kFreshSums
+    float fresh[TILES][kSliceChains][4] = {};  // float32 only, see kFreshSums
     uint4 wv[kChunks][2], xv[kChunks][TILES];
     const auto load = [&](auto in_bounds) {
 #pragma unroll
@@ -248,29 +258,49 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
         }
       }
 #pragma unroll
-      for (int j = 0; j < TILES; ++j) {
-        if (8 * j >= p.M) break;  // a tile past M: warp-uniform
-        float(&into)[4] = kFreshSums ? fresh[j] : acc[j];  // where this tile's MMAs accumulate
+      for (int j0 = 0; j0 < TILES; j0 += kGroup) {
+        if (8 * j0 >= p.M) break;  // a group past M: warp-uniform
+        // Only the group's first tile is checked: a later one past M reads valid rows (see
+        // x_row) and feeds outputs that are never stored.
+        uint32_t b[kGroup][2][kTerms][2];
 #pragma unroll
-        for (int s = 0; s < 2; ++s) {
-          uint32_t b[kTerms][2];
+        for (int jj = 0; jj < kGroup; ++jj) {
 #pragma unroll
-          for (int q = 0; q < 2; ++q) {
+          for (int w = 0; w < 4; ++w) {  // b0: word 2s, b1: word 2s + 1 of slice s
             uint32_t parts[kTerms];
-            Op::split(word(xv[c][j], 2 * s + q), parts);
+            Op::split(word(xv[c][j0 + jj], w), parts);
 #pragma unroll
-            for (int i = 0; i < kTerms; ++i) b[i][q] = parts[i];
+            for (int i = 0; i < kTerms; ++i) b[jj][w / 2][i][w % 2] = parts[i];
           }
-          // Small terms first; the product of the two small parts is below float32 rounding.
+        }
+        // Small terms first; the product of the two small parts is below float32 rounding.
+        // Innermost, the chains take turns: the group's tiles, and a lone tile's two slices.
+#pragma unroll
+        for (int so = 0; so < 2 / kSliceChains; ++so) {
 #pragma unroll
           for (int ia = kTerms - 1; ia >= 0; --ia) {
 #pragma unroll
-            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) Op::run(into, a[s][ia], b[ib]);
+            for (int ib = kTerms - 1 - ia; ib >= 0; --ib) {
+#pragma unroll
+              for (int jj = 0; jj < kGroup; ++jj) {
+#pragma unroll
+                for (int si = 0; si < kSliceChains; ++si) {
+                  float(&into)[4] = kFreshSums ? fresh[j0 + jj][si] : acc[j0 + jj];
+                  Op::run(into, a[so + si][ia], b[jj][so + si][ib]);
+                }
+              }
+            }
           }
         }
         if (kFreshSums && c == kChunks - 1) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q) acc[j][q] += fresh[j][q];
+          for (int jj = 0; jj < kGroup; ++jj) {
+#pragma unroll
+            for (int si = 0; si < kSliceChains; ++si) {
+#pragma unroll
+              for (int q = 0; q < 4; ++q) acc[j0 + jj][q] += fresh[j0 + jj][si][q];
+            }
+          }
         }
       }
     }
