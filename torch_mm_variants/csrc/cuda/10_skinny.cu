@@ -187,19 +187,19 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // float32: a tensor core adds into its accumulator without rounding to nearest, and that error
   // grows with the chain of MMAs into one register (a relative 1.3e-5 over K = 14336, above
   // float32's tolerance of 1e-5). So each step's MMAs start from zero in `fresh`, and the steps'
-  // sums meet in acc through float32 adds: chains of one step. A token tile's fresh sums go into
-  // acc right after its last MMA of the step: where a step is one chunk (float32 from 33 tokens)
-  // only one tile's fresh sums are then live, not all of them, and at 64 tokens ptxas stopped
-  // recomputing every x address in every step; 1.07-1.17 times as fast there (H100, A/B runs of
-  // the kernel beside its previous version, both timings), the same within 1.5% elsewhere.
+  // sums meet in acc through float32 adds: chains of one step. A group's fresh sums (below) go
+  // into acc right after its last MMA of the step: where a step is one chunk (float32 from 33
+  // tokens) only that group's are then live, not every tile's. With all of them live at 64
+  // tokens, ptxas ran out of registers and recomputed every x address in every step.
   constexpr bool kFreshSums = std::is_same_v<T, float>;
   // The MMAs into one accumulator form a chain, each waiting for the one before it, and a warp
-  // issues in order: a tile's MMAs one after the other keep one MMA in flight. So the tiles of a
-  // group take turns, MMA by MMA, and float32's lone tile (1-8 tokens) sums its two k slices
-  // apart. float32 groups at most 6 tiles: with 8, the fresh sums of all 8 tiles are live (ptxas
-  // took 124 registers) and 57-64 tokens ran up to 6% slower than in groups of 4. In float32 this
-  // ran 1.1-1.25 times as fast at 32-64 tokens (H100, A/B runs of the kernel beside its previous
-  // version, both timings), and 16-bit inputs gained 2-8% from 32 tokens.
+  // issues in order: written tile after tile, a float32 step at 64 tokens was one chain of 48
+  // MMAs (the tiles' fresh sums shared registers), a single MMA in flight per warp. So the tiles
+  // of a group take turns, MMA by MMA, and float32's lone tile (1-8 tokens) sums its two k slices
+  // apart. float32 groups at most 6 tiles: with all 8, their fresh sums all live (124 registers),
+  // 57-64 tokens ran up to 6% slower than in groups of 4. Beside the kernel before (H100, three
+  // A/B runs, both timings): float32 1.04-1.29 times as fast at 32-48 tokens, 1.01-1.25 at 57-64
+  // and 1.00-1.05 at 1-8; 16-bit inputs 2-11% faster from 32 tokens, within 2% below.
   constexpr int kGroup = kFreshSums && TILES > 6 ? 4 : TILES;
   static_assert(TILES % kGroup == 0, "groups of tiles cover the token tiles exactly");
   constexpr int kSliceChains = kFreshSums && TILES == 1 ? 2 : 1;
