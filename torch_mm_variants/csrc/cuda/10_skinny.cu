@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // float32 at 16 tokens 1.07-1.12 times (docs/performance/decode.md). With fewer MMAs ptxas
   // keeps the loads together anyway, and whole steps load without the check, which there was up
   // to 8% faster. The exception is three 16-bit token tiles (6 MMAs per chunk): there ptxas moved
-  // the third tile's x loads behind that tile's `8 j >= M` test, a second round trip.
+  // the third tile's x loads behind the `8 j >= M` test each tile then had, a second round trip.
   constexpr int kMmasPerChunk = 2 * TILES * kTerms * (kTerms + 1) / 2;
   constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8 || TILES >= 3;
 
