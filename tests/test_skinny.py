@@ -190,7 +190,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (8, 4096, 4096), (8, 14336, 4096),
                                      (1, 4096, 14336), (16, 4096, 4096), (16, 4096, 14336),
-                                     (16, 14336, 4096), (33, 4096, 4096), (64, 4096, 4096)])
+                                     (16, 14336, 4096), (32, 4096, 4096), (32, 14336, 4096),
+                                     (33, 4096, 4096), (64, 4096, 4096)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")
@@ -222,13 +223,13 @@ def test_tma_ring_sizes(dtype):
         assert rings[(64, 14336, 4096)] == 96, rings
 
 
-@pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
+@pytest.mark.parametrize("algorithm", skinny_algorithms())
 @pytest.mark.parametrize("m", [16, 64])
-def test_tma_chain_of_dependent_calls(m):
-    """Split launches start while the kernel before them finishes (programmatic dependent
-    launch) and wait for it before reading x. Here each call reads the previous call's output,
-    eagerly and replayed from a CUDA graph, and every step matches the float64 product of its
-    own input."""
+def test_chain_of_dependent_calls(algorithm, m):
+    """Launches that start while the kernel before them finishes (programmatic dependent launch:
+    skinny_tma's split launches, skinny's 16-bit ones from 9 tokens on sm_90a) wait for it before
+    reading x. Here each call reads the previous call's output, eagerly and replayed from a CUDA
+    graph, and every step matches the float64 product of its own input."""
     torch.manual_seed(0)
     weights = [random_matrix(4096, 4096, torch.bfloat16, "cuda") * 0.02 for _ in range(4)]
     x0 = random_matrix(m, 4096, torch.bfloat16, "cuda")
@@ -236,7 +237,7 @@ def test_tma_chain_of_dependent_calls(m):
     def chain():
         outs = [x0]
         for w in weights:
-            outs.append(mmv.matmul(outs[-1], w.t(), "skinny_tma"))
+            outs.append(mmv.matmul(outs[-1], w.t(), algorithm))
         return outs
 
     def check(outs):
