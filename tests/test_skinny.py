@@ -94,15 +94,17 @@ def test_every_split_count(algorithm, dtype):
         assert_matches_reference(a, weight_view(65, k, dtype), algorithm)
 
 
+@pytest.mark.parametrize("algorithm", [name for name in skinny_algorithms()
+                                       if torch.float32 in dtypes_of(name)])
 @pytest.mark.parametrize("m", [1, 17, 40, 64])
-def test_float32_keeps_float32_accuracy_over_long_k(m):
+def test_float32_keeps_float32_accuracy_over_long_k(algorithm, m):
     """float32 runs in 3xTF32 on the tensor cores, whose accumulators lose bits over long chains
     of MMAs: the product must stay within float32's tolerance at the K of large nn.Linear layers
     (K = 14336 and more, with a tail), one block row and many, split K or not."""
     torch.manual_seed(0)
-    for n, k in [(4096, 14336), (129, 28675)]:
+    for n, k in [(4096, 14336), (129, 28676), (129, 28675)]:
         a = random_matrix(m, k, torch.float32, "cuda")
-        assert_matches_reference(a, weight_view(n, k, torch.float32), "skinny")
+        assert_matches_reference(a, weight_view(n, k, torch.float32), algorithm)
 
 
 @pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
@@ -176,13 +178,17 @@ def test_tma_kernels_use_tma_and_wgmma():
 
 def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
-    one measured faster: on weights under 64 MiB, up to 8 tokens, and at 16 while its 16-row
-    blocks fit on the GPU at once (two per SM)."""
+    one measured faster: in 16 bits on weights under 64 MiB, up to 8 tokens, and at 16 while its
+    16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
+    weights of up to 4096 x 4096."""
     highest = [name for name in skinny_algorithms() if dtype in dtypes_of(name)][-1]
+    if highest != "skinny_tma":
+        return highest
+    if dtype == torch.float32:
+        return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     small_weight = n * k * dtype.itemsize < 64 * 2**20
-    if highest == "skinny_tma" and small_weight and (
-            m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
+    if small_weight and (m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
         return "skinny"
     return highest
 
@@ -200,13 +206,13 @@ def test_auto_picks_skinny_for_decode(m, n, k, dtype):
 
 
 @pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_tma_ring_sizes(dtype):
     """skinny_tma runs two blocks per SM (96 KB rings) or one (192 KB) where that leaves the
     busiest SM less of the weight to stream. Both are exact, on sizes just off the 64-row blocks
     and 64-k boxes (K stays a multiple of 8: TMA needs 16-byte rows, or rung 10 runs instead); on
-    a GPU of 132 SMs, 64 tokens on 4096 x 4096 and 4096 x 14336 weights take the deep ring and
-    14336 x 4096 the shared one."""
+    a GPU of 132 SMs, 64 16-bit tokens on 4096 x 4096 and 4096 x 14336 weights take the deep
+    ring and 14336 x 4096 the shared one."""
     torch.manual_seed(0)
     rings = {}
     for m, n, k in [(64, 4096, 4096), (64, 4096, 14336), (64, 14336, 4096), (61, 4033, 4104),
@@ -215,24 +221,25 @@ def test_tma_ring_sizes(dtype):
         names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w.t(), "skinny_tma"))
                  if "skinny_tma_kernel" in e["name"]]
         assert len(names) == 1, names
-        rings[(m, n, k)] = int(re.search(r"Ring<\d+, (\d+)>", names[0]).group(1))
+        rings[(m, n, k)] = int(re.search(r"Ring<[^,<>]+, \d+, (\d+)>", names[0]).group(1))
         assert_matches_reference(x, w.t(), "skinny_tma")
     assert set(rings.values()) <= {96, 192}
-    if torch.cuda.get_device_properties(0).multi_processor_count == 132:
+    if dtype != torch.float32 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert rings[(64, 4096, 4096)] == rings[(64, 4096, 14336)] == 192, rings
         assert rings[(64, 14336, 4096)] == 96, rings
 
 
-@pytest.mark.parametrize("algorithm", skinny_algorithms())
+@pytest.mark.parametrize("algorithm, dtype", [
+    param for param in ALGORITHM_DTYPES if param.values[1] != torch.float16])
 @pytest.mark.parametrize("m", [16, 64])
-def test_chain_of_dependent_calls(algorithm, m):
+def test_chain_of_dependent_calls(algorithm, dtype, m):
     """Launches that start while the kernel before them finishes (programmatic dependent launch:
     skinny_tma's split launches, skinny's 16-bit ones from 9 tokens on sm_90a) wait for it before
     reading x. Here each call reads the previous call's output, eagerly and replayed from a CUDA
     graph, and every step matches the float64 product of its own input."""
     torch.manual_seed(0)
-    weights = [random_matrix(4096, 4096, torch.bfloat16, "cuda") * 0.02 for _ in range(4)]
-    x0 = random_matrix(m, 4096, torch.bfloat16, "cuda")
+    weights = [random_matrix(4096, 4096, dtype, "cuda") * 0.02 for _ in range(4)]
+    x0 = random_matrix(m, 4096, dtype, "cuda")
 
     def chain():
         outs = [x0]
@@ -247,7 +254,7 @@ def test_chain_of_dependent_calls(algorithm, m):
 
     check(chain())  # also the warm-up outside the capture
     graph, outs = capture_graph(chain)
-    x0.copy_(random_matrix(m, 4096, torch.bfloat16, "cuda"))
+    x0.copy_(random_matrix(m, 4096, dtype, "cuda"))
     graph.replay()
     torch.cuda.synchronize()
     check(outs)

@@ -5,8 +5,8 @@
 // 64 tokens that is two to four times the weight's own bytes, and its speed falls to 0.55-0.8x
 // of torch.mm's at 32 tokens and a fifth to a third at 64. Its fragments also live in
 // registers, so more tokens leave room for fewer loads in flight. Here:
-// - TMA streams the weight: one producer thread keeps a ring of stages in flight (each two boxes
-//   of 64 rows x 64 k, 16 KB of weight), with no registers held: two blocks per SM, or one with
+// - TMA streams the weight: one producer thread keeps a ring of stages in flight (each up to two
+//   boxes of 64 rows x 128 bytes of k, 16 KB of weight), with no registers held: two blocks per SM, or one with
 //   a ring twice as deep where that spreads the weight more evenly over the SMs. The copy engine
 //   zero-fills rows past N and k past K, so tails need no code.
 // - wgmma multiplies them: w's 64 rows are the instruction's M, the tokens (M rounded up to
@@ -40,11 +40,18 @@
 // graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's loads stream
 // faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there on weights under 64 MiB
 // (rung10_is_faster below).
-// Only fp16 and bf16 (float32 takes rung 10). TMA needs 16-byte aligned rows: an x that is not
-// gets copied (it is small), a w that is not takes rung 10's kernel.
+// - float32 runs in 3xTF32, as in rung 10, with the weight's fragments split in registers (wgmma
+//   takes A from registers) and x's tile split in shared memory, three wgmmas per k8 step. The
+//   warpgroup splits the next stage's x while the tensor core multiplies, and each stage is
+//   summed afresh and added in float32. On an H200 this runs float32 decode from 32 tokens at
+//   1.6-2.9x of torch.mm (which computes in float32 without tensor cores), and at 48-64 tokens
+//   up to a third faster than rung 10.
+// TMA needs 16-byte aligned rows: an x that is not gets copied (it is small), a w that is not
+// takes rung 10's kernel.
 #include "cluster_launch.cuh"
 #include "common.cuh"
 #include "hopper.cuh"
+#include "mma.cuh"
 #include "skinny.cuh"
 #include "tensor_map.cuh"
 
@@ -55,7 +62,9 @@ namespace mm_variants::cuda {
 namespace {
 
 constexpr int kRows = 64;                // weight rows of a block: the wgmma M
-constexpr int BK = kTmaBoxInner;         // k of a box: one 128-byte swizzle row
+// Tiles are arrays of 2-byte units whatever the dtype: a box row (one 128-byte swizzle row) is
+// 64 units, 64 16-bit elements or 32 floats.
+constexpr int kRowUnits = kTmaRowBytes / 2;
 constexpr int kThreads = 128 + 32;       // the consumer warpgroup, then the producer warp
 constexpr int kMaxSplits = 8;  // the largest portable cluster
 // The ring's shape: boxes of 64 k per stage (more make longer runs of each weight row per stage)
@@ -68,33 +77,40 @@ constexpr int kMaxSplits = 8;  // the largest portable cluster
 #endif
 constexpr int kShape[] = {MM_VARIANTS_SKINNY_TMA};
 
-// The stage ring for TOKENS columns of x (the wgmma N) in SMEM_KB of shared memory: per stage,
-// kBoxes weight boxes of 64 rows x 64 k and as many x slots of TOKENS x 64 k (each filled by a
-// box of x's M rows), and as many stages as fit.
-template <int TOKENS, int SMEM_KB>
+// The stage ring for dtype T and TOKENS columns of x (the wgmma N) in SMEM_KB of shared memory:
+// per stage, kBoxes weight boxes of 64 rows x one swizzle row of k (64 16-bit elements or 32
+// floats) and as many x slots of TOKENS rows (each filled by a box of x's M rows), and as many
+// stages as fit. float32 has two x slots per box: x's tf32 part and the rest (see multiply_3xtf32).
+template <typename T, int TOKENS, int SMEM_KB>
 struct Ring {
   // x's columns (the wgmma N). A function, not a constant: the compiler's passes that never read
   // it (host, sm_80) would flag a constant as unused.
   __host__ __device__ static constexpr int tokens() { return TOKENS; }
   static constexpr int kSmemPerBlock = SMEM_KB * 1024;
-  static constexpr int kWBox = kRows * BK, kXBox = TOKENS * BK;  // elements
-  // At least two stages of kBoxes boxes each must fit.
-  static constexpr int kBoxes =
-      std::max(1, std::min(kShape[0], kSmemPerBlock / (2 * (kWBox + kXBox) * 2)));
+  static constexpr int kWBox = kRows * kRowUnits, kXBox = TOKENS * kRowUnits;  // 2-byte units
+  static constexpr int kXSlots = std::is_same_v<T, float> ? 2 : 1;
+  // At least kMinStages stages of kBoxes boxes each must fit. float32 holds a stage while it
+  // splits the next one's x (see consume), so a ring of two would hold all of it.
+  static constexpr int kMinStages = std::is_same_v<T, float> ? 3 : 2;
+  static constexpr int kBoxes = std::max(
+      1, std::min(kShape[0], kSmemPerBlock / (kMinStages * (kWBox + kXSlots * kXBox) * 2)));
   static constexpr int kWTile = kBoxes * kWBox, kXTile = kBoxes * kXBox;
-  static constexpr int kStepK = kBoxes * BK;  // k of a stage
-  static constexpr int kStageBytes = (kWTile + kXTile) * 2;
+  static constexpr int kBoxK = kTmaBoxInnerOf<T>;  // k of a box
+  static constexpr int kStepK = kBoxes * kBoxK;     // k of a stage
+  static constexpr int kStageBytes = (kWTile + kXSlots * kXTile) * 2;
   static constexpr int kStages = kSmemPerBlock / kStageBytes;
   static constexpr int kSmemBytes = kStages * kStageBytes + 2 * kStages * 8 + 1024;  // + align
-  static_assert(kStages >= 2 && (kXBox * 2) % 1024 == 0, "a ring; boxes start on swizzle atoms");
+  static_assert(kStages >= kMinStages && (kXBox * 2) % 1024 == 0,
+                "a ring; boxes start on swizzle atoms");
 };
 // Below this many stages a split leaves its ring half empty.
 constexpr int kMinStepsPerSplit = 4;
 
-// A K-major tile's k16 step as a wgmma operand: 128-byte rows, 8-row atoms 1024 bytes apart.
+// A K-major tile's step-th 32 bytes of k (a k16 step of 16-bit elements, a k8 step of tf32) as
+// a wgmma operand: 128-byte rows, 8-row atoms 1024 bytes apart.
 [[maybe_unused]] __device__ __forceinline__ uint64_t k_major_step(const uint16_t* tile,
-                                                                  int k16) {
-  return hopper::smem_descriptor(tile + 16 * k16, 16, 1024);
+                                                                  int step) {
+  return hopper::smem_descriptor(tile + 16 * step, 16, 1024);
 }
 
 // The producer thread: steps `steps` stages of k from `step0`, each once its slot is free. x's
@@ -104,15 +120,16 @@ template <class R>
 __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
                         int steps, int M) {
-  const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * BK) * 2;
+  const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * kRowUnits) * 2;
   for (int i = 0; i < steps; ++i) {
     const int s = i % R::kStages, k0 = (step0 + i) * R::kStepK;
     hopper::mbarrier_wait(&empty[s], ((i / R::kStages) & 1) ^ 1);
     hopper::mbarrier_arrive_expect_tx(&full[s], stage_bytes);
 #pragma unroll
     for (int b = 0; b < R::kBoxes; ++b) {
-      hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k0 + b * BK, n0);
-      hopper::tma_load_2d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k0 + b * BK, 0);
+      const int k = k0 + b * R::kBoxK;
+      hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k, n0);
+      hopper::tma_load_2d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k, 0);
     }
   }
 }
@@ -136,33 +153,135 @@ __device__ __forceinline__ void for_each_sum(const float (&d)[TOKENS / 2], const
 // one for_each_sum step in 32 different banks.
 [[maybe_unused]] constexpr int kPartialPitch = kRows + 4;
 
-// The consumer warpgroup: multiplies `steps` stages as they land, freeing each slot at once, then
-// writes its sums to out (a whole K) or as the partial tile at `partial` (a split).
+// d (+)= a stage's product, 16-bit: the weight tile is wgmma's A, the x tile its B, both straight
+// from shared memory.
 template <typename T, class R>
-__device__ __forceinline__ void consume(const uint16_t* w_tiles, const uint16_t* x_tiles,
-                                        uint64_t* full, uint64_t* empty, int steps, T* out,
-                                        float* partial, int M, int N, int n0) {
-  constexpr int TOKENS = R::tokens();
+__device__ __forceinline__ void multiply_16bit(float (&d)[R::tokens() / 2], const uint16_t* w,
+                                               const uint16_t* x, bool accumulate) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
-  float d[TOKENS / 2];
+  constexpr int kStepsPerBox = kRowUnits / 16;
+  hopper::wgmma_fence();
+#pragma unroll
+  for (int k16 = 0; k16 < R::kStepK / 16; ++k16) {
+    const int box = k16 / kStepsPerBox, step = k16 % kStepsPerBox;
+    hopper::wgmma_m64k16<R::tokens(), kBf16, false, false>(
+        d, k_major_step(w + box * R::kWBox, step), k_major_step(x + box * R::kXBox, step),
+        accumulate || k16 > 0);
+  }
+  hopper::wgmma_commit();
+}
+
+// float32 runs in 3xTF32 as rung 10 does: each operand is its tf32 rounding (big) plus the exact
+// rest (small), and big*big + small*big + big*small leaves out only small*small, about 2^-22 of
+// the product. The tensor core reads small's top 19 bits only, an error of at most 2^-21. wgmma
+// takes B (x) from shared memory only, so the warpgroup first splits a stage's x slot in place
+// (big) and into the stage's second slot (small). x's rows past M are not filled by TMA and only
+// make outputs that are never stored.
+template <class R>
+__device__ __forceinline__ void split_x(uint16_t* x, uint16_t* x_small, int M) {
+  for (int b = 0; b < R::kBoxes; ++b) {
+    auto* big = reinterpret_cast<float4*>(x + b * R::kXBox);
+    auto* small = reinterpret_cast<float4*>(x_small + b * R::kXBox);
+    for (int i = threadIdx.x; i < M * (kTmaRowBytes / 16); i += 128) {
+      float4 v = big[i], rest;
+      float* e = &v.x;
+      float* r = &rest.x;
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const float rounded = __uint_as_float(mma::round_to_tf32(__float_as_uint(e[q])));
+        r[q] = e[q] - rounded;
+        e[q] = rounded;
+      }
+      big[i] = v;
+      small[i] = rest;
+    }
+  }
+  hopper::fence_async_shared();  // the ordinary stores, before wgmma reads them
+  hopper::named_barrier_sync(1, 128);
+}
+
+// d = a stage's product in 3xTF32, x split already. The weight goes to wgmma from registers, so
+// each lane splits its own fragments, loaded with ldmatrix from the swizzled tile.
+template <class R>
+__device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], const uint16_t* w,
+                                                const uint16_t* x, const uint16_t* x_small) {
+  constexpr int kK8PerBox = R::kBoxK / 8;
+  // Lane l addresses row l % 8 of 8 x 16-byte matrix l / 8: rows 0-7 and 8-15 of the warp's 16
+  // (matrices 0, 1) at k 0-3, then at k 4-7 (2, 3): a0 .. a3 of the tf32 fragment.
+  const int lane = threadIdx.x % 32;
+  const int row = 16 * (threadIdx.x / 32) + lane % 8 + 8 * (lane / 8 % 2);
+  uint32_t a_big[R::kStepK / 8][4], a_small[R::kStepK / 8][4];
+#pragma unroll
+  for (int k8 = 0; k8 < R::kStepK / 8; ++k8) {
+    const int box = k8 / kK8PerBox, chunk = 2 * (k8 % kK8PerBox) + lane / 16;
+    uint32_t raw[4];
+    mma::ldmatrix_x4(raw, mma::smem_addr(w + box * R::kWBox) + row * kTmaRowBytes +
+                              ((chunk ^ (row % 8)) << 4));
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      a_big[k8][q] = mma::round_to_tf32(raw[q]);
+      a_small[k8][q] = __float_as_uint(__uint_as_float(raw[q]) - __uint_as_float(a_big[k8][q]));
+    }
+  }
+  hopper::wgmma_fence();
+#pragma unroll
+  for (int k8 = 0; k8 < R::kStepK / 8; ++k8) {
+    const int box = k8 / kK8PerBox, step = k8 % kK8PerBox;
+    const uint64_t xb = k_major_step(x + box * R::kXBox, step);
+    const uint64_t xs = k_major_step(x_small + box * R::kXBox, step);
+    hopper::wgmma_m64k8_tf32<R::tokens()>(d, a_small[k8], xb, k8 > 0);
+    hopper::wgmma_m64k8_tf32<R::tokens()>(d, a_big[k8], xs, true);
+    hopper::wgmma_m64k8_tf32<R::tokens()>(d, a_big[k8], xb, true);
+  }
+  hopper::wgmma_commit();
+}
+
+// The consumer warpgroup: multiplies `steps` stages as they land, freeing each slot at once, then
+// writes its sums to out (a whole K) or as the partial tile at `partial` (a split). float32 sums
+// each stage afresh and adds that into the running sums in float32 (as rung 10 does: the tensor
+// core's own additions keep fewer bits), and splits the next stage's x while the tensor core
+// multiplies.
+template <typename T, class R>
+__device__ __forceinline__ void consume(const uint16_t* w_tiles, uint16_t* x_tiles,
+                                        uint16_t* x_small_tiles, uint64_t* full, uint64_t* empty,
+                                        int steps, T* out, float* partial, int M, int N, int n0) {
+  constexpr int TOKENS = R::tokens();
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  float d[TOKENS / 2], fresh[kFloat ? TOKENS / 2 : 1];
+  const auto wait_for_stage = [&](int i) {
+    hopper::mbarrier_wait(&full[i % R::kStages], (i / R::kStages) & 1);
+  };
+  if constexpr (kFloat) {
+#pragma unroll
+    for (int q = 0; q < TOKENS / 2; ++q) d[q] = 0.f;
+    wait_for_stage(0);
+    split_x<R>(x_tiles, x_small_tiles, M);
+  }
   for (int i = 0; i < steps; ++i) {
     const int s = i % R::kStages;
-    hopper::mbarrier_wait(&full[s], (i / R::kStages) & 1);
     const uint16_t* w = w_tiles + s * R::kWTile;
-    const uint16_t* x = x_tiles + s * R::kXTile;
-    hopper::fence_registers(d);
-    hopper::wgmma_fence();
-#pragma unroll
-    for (int k16 = 0; k16 < R::kStepK / 16; ++k16) {
-      const int box = k16 / (BK / 16), step = k16 % (BK / 16);
-      hopper::wgmma_m64k16<TOKENS, kBf16, false, false>(
-          d, k_major_step(w + box * R::kWBox, step), k_major_step(x + box * R::kXBox, step),
-          i > 0 || k16 > 0);
+    uint16_t* x = x_tiles + s * R::kXTile;
+    if constexpr (kFloat) {
+      multiply_3xtf32<R>(fresh, w, x, x_small_tiles + s * R::kXTile);
+      if (i + 1 < steps) {
+        const int next = (i + 1) % R::kStages;
+        wait_for_stage(i + 1);
+        split_x<R>(x_tiles + next * R::kXTile, x_small_tiles + next * R::kXTile, M);
+      }
+    } else {
+      wait_for_stage(i);
+      hopper::fence_registers(d);
+      multiply_16bit<T, R>(d, w, x, i > 0);
     }
-    hopper::wgmma_commit();
     // The multiply is short next to a tile's trip from memory: wait for it and free the slot.
     hopper::wgmma_wait<0>();
-    hopper::fence_registers(d);
+    if constexpr (kFloat) {
+      hopper::fence_registers(fresh);
+#pragma unroll
+      for (int q = 0; q < TOKENS / 2; ++q) d[q] += fresh[q];
+    } else {
+      hopper::fence_registers(d);
+    }
     if (threadIdx.x % 32 == 0) hopper::mbarrier_arrive(&empty[s]);
   }
   if (partial != nullptr) {
@@ -268,7 +387,8 @@ __global__ void __launch_bounds__(kThreads)
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);  // swizzle atoms
   uint16_t* w_tiles = reinterpret_cast<uint16_t*>(smem);
   uint16_t* x_tiles = w_tiles + R::kStages * R::kWTile;
-  uint64_t* full = reinterpret_cast<uint64_t*>(x_tiles + R::kStages * R::kXTile);
+  uint16_t* x_small_tiles = x_tiles + R::kStages * R::kXTile;  // float32 only
+  uint64_t* full = reinterpret_cast<uint64_t*>(x_tiles + R::kXSlots * R::kStages * R::kXTile);
   uint64_t* empty = full + R::kStages;
   // A split's partial tile takes the ring's place once every stage has been multiplied.
   float* partial = gridDim.y > 1 ? reinterpret_cast<float*>(smem) : nullptr;
@@ -292,7 +412,7 @@ __global__ void __launch_bounds__(kThreads)
   hopper::allow_next_grid();
 
   if (threadIdx.x < 128) {
-    consume<T, R>(w_tiles, x_tiles, full, empty, steps, out, partial, M, N, n0);
+    consume<T, R>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, out, partial, M, N, n0);
   } else if (threadIdx.x == 128) {
     produce<R>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M);
   }
@@ -344,8 +464,8 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, a
 // quarter less).
 template <typename T, int TOKENS>
 void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
-  using Shared = Ring<TOKENS, kShape[1]>;
-  using Alone = Ring<TOKENS, kShape[2]>;
+  using Shared = Ring<T, TOKENS, kShape[1]>;
+  using Alone = Ring<T, TOKENS, kShape[2]>;
   constexpr int kVec = 16 / sizeof(T);
   const int64_t M = x.data.size(0), K = x.data.size(1), N = w.data.size(0);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
@@ -365,7 +485,7 @@ void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor&
 }
 
 void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  dispatch_16bit(a.scalar_type(), [&](auto dtype) {
+  const auto run = [&](auto dtype) {
     using T = decltype(dtype);
     skinny::check_extents(a, b);
     const skinny::Rows w = skinny::weight(b);
@@ -383,7 +503,12 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
     } else {
       launch_skinny_tma<T, 64>(x, w, out);
     }
-  });
+  };
+  if (a.scalar_type() == at::kFloat) {
+    run(float{});
+  } else {
+    dispatch_16bit(a.scalar_type(), run);
+  }
 }
 
 // Where rung 10 measured faster (scripts/bench_skinny.py on an H200): up to 8 tokens, its
@@ -395,16 +520,21 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 // 0.94x at 1-8 tokens, 0.84-0.97x at 16; two runs) while this rung ran at 0.97-1.15x, and with L2
 // cleared this rung's 1.00-1.11x still beat torch.mm. On 4096 x 4096 (32 MiB) both timings put
 // both rungs ahead of torch.mm (1.03-1.28x).
+// float32 (3xTF32 in both rungs, three wgmmas per k8 here) measured otherwise (H100 and H200, both
+// timings): rung 10 ahead up to 8 tokens on every weight (by 2-8% at one token, where neither
+// reaches torch.mm's lead much) and at 16 on 4096 x 4096 (by 7-17%); from 32 tokens, and at 16 on
+// the larger weights, this rung ties or leads, by up to 1.6x at 64 tokens.
 constexpr int64_t kLargeWeight = int64_t(64) << 20;
 
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   const int sms = device_info_for(a.device())->multiProcessorCount;
   return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
 }
 
-MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kHalf, at::kBFloat16}, &skinny_tma,
+MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kFloat, at::kHalf, at::kBFloat16}, &skinny_tma,
                       &sm90a, &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
                       /*run_fused=*/nullptr, /*run_batched=*/nullptr, &rung10_is_faster});
 

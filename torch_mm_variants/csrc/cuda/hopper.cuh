@@ -315,6 +315,38 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc,
   }
 }
 
+// D[64 x N] (+)= A[64 x 8] B[8 x N] in tf32, float accumulation, A from registers: thread
+// (warp w, lane 4g + t) gives A[16w + g][t], A[16w + g + 8][t], A[16w + g][t + 4] and
+// A[16w + g + 8][t + 4], as an mma.m16n8k8 A fragment. B is K-major (tf32 has no transposes); the
+// tensor core reads the top 19 bits of each 32-bit element. N is 8, 16, 32 or 64 (the skinny
+// rung's tokens).
+#define MMV_WGMMA_TF32(N, REGS, A0, A1, A2, A3, B, SCALE)                          \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE ", 0;\n"                            \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32\n{" REGS "},\n"       \
+  "{%" #A0 ", %" #A1 ", %" #A2 ", %" #A3 "}, %" #B ", p, 1, 1;\n}\n"
+#define MMV_WGMMA_TF32_N(N, REGS, ACC, A0, A1, A2, A3, B, SCALE)                        \
+  asm volatile(MMV_WGMMA_TF32(N, REGS, A0, A1, A2, A3, B, SCALE)                        \
+               : ACC                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b_desc), "r"(scale_d));
+
+template <int N>
+__device__ __forceinline__ void wgmma_m64k8_tf32(float (&d)[N / 2], const uint32_t (&a)[4],
+                                                 uint64_t b_desc, bool accumulate) {
+  const int scale_d = accumulate;
+  if constexpr (N == 8) {
+    MMV_WGMMA_TF32_N(8, MMV_REGS4, MMV_ACC4(0), 4, 5, 6, 7, 8, 9)
+  } else if constexpr (N == 16) {
+    MMV_WGMMA_TF32_N(16, MMV_REGS8, MMV_ACC8(0), 8, 9, 10, 11, 12, 13)
+  } else if constexpr (N == 32) {
+    MMV_WGMMA_TF32_N(32, MMV_REGS16, MMV_ACC16(0), 16, 17, 18, 19, 20, 21)
+  } else {
+    static_assert(N == 64, "N is 8, 16, 32 or 64 here");
+    MMV_WGMMA_TF32_N(64, MMV_REGS32, MMV_ACC32(0), 32, 33, 34, 35, 36, 37)
+  }
+}
+
+#undef MMV_WGMMA_TF32_N
+#undef MMV_WGMMA_TF32
 #undef MMV_WGMMA_N
 #undef MMV_WGMMA
 #undef MMV_REGS128

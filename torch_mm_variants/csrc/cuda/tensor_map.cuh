@@ -13,8 +13,11 @@
 
 namespace mm_variants::cuda {
 
-// The inner extent of every box: 64 16-bit elements, one 128-byte swizzle row.
-constexpr int kTmaBoxInner = 64;
+// The inner extent of every box: one 128-byte swizzle row, 64 16-bit elements or 32 floats.
+constexpr int kTmaRowBytes = 128;
+template <typename T>
+constexpr int kTmaBoxInnerOf = kTmaRowBytes / sizeof(T);
+constexpr int kTmaBoxInner = kTmaBoxInnerOf<uint16_t>;
 
 // cuTensorMapEncodeTiled lives in the driver library; the runtime hands out its address, so the
 // extension needs no link against libcuda.
@@ -31,19 +34,22 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
   return encode;
 }
 
-// A 2-D tensor map over a 16-bit matrix whose contiguous dimension has `inner` elements and whose
-// `outer` lines are `ld` elements apart, copied in boxes of kTmaBoxInner x box_outer with the
-// 128-byte swizzle. Reads outside the matrix return zeros; stores outside it are dropped.
+// A 2-D tensor map over a 16-bit or float32 matrix whose contiguous dimension has `inner`
+// elements and whose `outer` lines are `ld` elements apart, copied in boxes of one swizzle row
+// (kTmaBoxInnerOf<T>) x box_outer with the 128-byte swizzle. Reads outside the matrix return
+// zeros; stores outside it are dropped.
 template <typename T>
 CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer) {
-  static_assert(sizeof(T) == 2, "the 128-byte swizzle row holds 64 16-bit elements");
-  constexpr CUtensorMapDataType kType = std::is_same_v<T, c10::BFloat16>
+  static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half> ||
+                std::is_same_v<T, float>);
+  constexpr CUtensorMapDataType kType = std::is_same_v<T, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
+                                        : std::is_same_v<T, c10::BFloat16>
                                             ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16
                                             : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(T)};
-  const cuuint32_t box[2] = {kTmaBoxInner, static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t box[2] = {kTmaBoxInnerOf<T>, static_cast<cuuint32_t>(box_outer)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult result = tensor_map_encoder()(
       &map, kType, 2, const_cast<T*>(data), dims, strides, box, element_strides,
