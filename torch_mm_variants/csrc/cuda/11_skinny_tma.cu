@@ -6,9 +6,9 @@
 // of torch.mm's at 32 tokens and a fifth to a third at 64. Its fragments also live in
 // registers, so more tokens leave room for fewer loads in flight. Here:
 // - TMA streams the weight: one producer thread keeps a ring of stages in flight (each up to two
-//   boxes of 64 rows x 128 bytes of k, 16 KB of weight), with no registers held: two blocks per SM, or one with
-//   a ring twice as deep where that spreads the weight more evenly over the SMs. The copy engine
-//   zero-fills rows past N and k past K, so tails need no code.
+//   boxes of 64 rows x 128 bytes of k, 16 KB of weight), with no registers held: two blocks per
+//   SM, or one with a ring twice as deep where that spreads the weight more evenly over the SMs.
+//   The copy engine zero-fills rows past N and k past K, so tails need no code.
 // - wgmma multiplies them: w's 64 rows are the instruction's M, the tokens (M rounded up to
 //   8, 16, 32 or 64) its N, both operands K-major in 128-byte swizzled shared memory. At these
 //   sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream w
@@ -35,17 +35,16 @@
 //   between calls (H200, 16-64 tokens, two runs): 3-7% faster on 4096 x 4096, 12-20% on
 //   4096 x 1024, 0-2% on 4096 x 14336. Unsplit grids (14336 x 4096: 224 blocks, two on most
 //   SMs) launch as before: there the early start was 3-4% slower.
-// Measured on an H200 (scripts/bench_skinny.py) it streams the large weights at 2.8-2.9 TB/s at
-// every M up to 64 with L2 cleared before each call, and at 3.5-3.8 TB/s back to back in a CUDA
-// graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's loads stream
-// faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there on weights under 64 MiB
-// (rung10_is_faster below).
 // - float32 runs in 3xTF32, as in rung 10, with the weight's fragments split in registers (wgmma
 //   takes A from registers) and x's tile split in shared memory, three wgmmas per k8 step. The
 //   warpgroup splits the next stage's x while the tensor core multiplies, and each stage is
-//   summed afresh and added in float32. On an H200 this runs float32 decode from 32 tokens at
-//   1.6-2.9x of torch.mm (which computes in float32 without tensor cores), and at 48-64 tokens
-//   up to a third faster than rung 10.
+//   summed afresh and added in float32. On an H200 (both timings) float32 decode from 24 tokens
+//   ran at 1.55-2.9x of torch.mm, and at 48-64 tokens 1.2-1.9x as fast as rung 10.
+// Measured on an H200 (scripts/bench_skinny.py), in 16 bits it streams the large weights at
+// 2.8-2.9 TB/s at every M up to 64 with L2 cleared before each call, and at 3.5-3.8 TB/s back to
+// back in a CUDA graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's
+// loads stream faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there on weights
+// under 64 MiB, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
 // TMA needs 16-byte aligned rows: an x that is not gets copied (it is small), a w that is not
 // takes rung 10's kernel.
 #include "cluster_launch.cuh"
@@ -520,10 +519,10 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 // 0.94x at 1-8 tokens, 0.84-0.97x at 16; two runs) while this rung ran at 0.97-1.15x, and with L2
 // cleared this rung's 1.00-1.11x still beat torch.mm. On 4096 x 4096 (32 MiB) both timings put
 // both rungs ahead of torch.mm (1.03-1.28x).
-// float32 (3xTF32 in both rungs, three wgmmas per k8 here) measured otherwise (H100 and H200, both
-// timings): rung 10 ahead up to 8 tokens on every weight (by 2-8% at one token, where neither
-// reaches torch.mm's lead much) and at 16 on 4096 x 4096 (by 7-17%); from 32 tokens, and at 16 on
-// the larger weights, this rung ties or leads, by up to 1.6x at 64 tokens.
+// float32 (3xTF32 in both rungs) measured otherwise, with both timings on an H100 and an H200:
+// rung 10 ahead by 2-28% up to 8 tokens on every weight, and at 16 tokens on 4096 x 4096 by up
+// to 17% (or tied); at 16 on the larger weights this rung runs from 6% behind to 17% ahead, and
+// from 24 tokens on it leads, up to 1.9x as fast as rung 10 at 64 tokens.
 constexpr int64_t kLargeWeight = int64_t(64) << 20;
 
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
@@ -534,9 +533,10 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
 }
 
-MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kFloat, at::kHalf, at::kBFloat16}, &skinny_tma,
-                      &sm90a, &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
-                      /*run_fused=*/nullptr, /*run_batched=*/nullptr, &rung10_is_faster});
+MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kFloat, at::kHalf, at::kBFloat16},
+                      &skinny_tma, &sm90a, &skinny::few_rows, skinny::kFewRowsOnly,
+                      /*auto_candidate=*/true, /*run_fused=*/nullptr, /*run_batched=*/nullptr,
+                      &rung10_is_faster});
 
 }  // namespace
 }  // namespace mm_variants::cuda
