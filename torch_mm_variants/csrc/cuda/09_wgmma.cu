@@ -54,7 +54,7 @@
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
 // code=sm_90a) and is listed only on compute capability 9.0 devices.
-#include "cluster_launch.cuh"
+#include "launch.cuh"
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "hopper.cuh"
@@ -637,9 +637,9 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   const unsigned splits = ceil_div(ceil_div(g.K, BK), steps_per_split);
   TORCH_INTERNAL_ASSERT(!S::kTransposed || splits == 1, "transposed tiles do not split K");
   if (splits > 1) {
-    const ClusterLaunch split_launch(
-        dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits), dim3(kCluster, splits),
-        kThreads, S::kSmemBytes);
+    KernelLaunch split_launch(dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits),
+                              kThreads, S::kSmemBytes);
+    split_launch.in_clusters(dim3(kCluster, splits));
     return split_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M, g.N,
                             g.K, steps_per_split);
   }
@@ -647,8 +647,9 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   TORCH_CHECK(resident > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
               device_properties(c10::cuda::current_device()).name);
   const int64_t clusters = std::min<int64_t>(cluster_tiles, resident);
-  const ClusterLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)),
-                                        dim3(kCluster), kThreads, S::kSmemBytes);
+  KernelLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)), kThreads,
+                                 S::kSmemBytes);
+  persistent_launch.in_clusters(dim3(kCluster));
   persistent_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M, g.N, g.K,
                         steps_per_split);
 }

@@ -28,6 +28,7 @@
 // (K-contiguous) is copied into that layout first.
 #include "common.cuh"
 #include "hopper.cuh"
+#include "launch.cuh"
 #include "mma.cuh"
 #include "skinny.cuh"
 
@@ -405,21 +406,11 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // with L2 cleared before each call, the same within 1.5%. In CUDA graphs the package gained up
   // to 3% (16-32 tokens). At 1-8 tokens it was 4-11% slower on two of the four weights. Only
   // sm_90a code holds the wait (sm90a(); the sm_80 code runs elsewhere), so only it launches so.
-  const bool early_start = sizeof(T) == 2 && TILES >= 2 && sm90a(x.device());
-  cudaLaunchAttribute early = {};
-  early.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  early.val.programmaticStreamSerializationAllowed = 1;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(blocks, splits);
-  config.blockDim = dim3(kThreads);
-  config.stream = c10::cuda::getCurrentCUDAStream();
-  config.attrs = &early;
-  config.numAttrs = early_start ? 1 : 0;
+  KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
+  launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()));
   dispatch_bools(
       [&](auto w_vector) {
-        C10_CUDA_CHECK(cudaLaunchKernelEx(
-            &config, skinny_kernel<T, TILES, decltype(w_vector)::value>, problem));
-        C10_CUDA_KERNEL_LAUNCH_CHECK();
+        launch.run(skinny_kernel<T, TILES, decltype(w_vector)::value>, problem);
       },
       skinny::rows_aligned<T>(w.data_ptr(), ldw));
   if (splits > 1) sum_splits<T>(partial, out);

@@ -47,9 +47,9 @@
 // under 64 MiB, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
 // TMA needs 16-byte aligned rows: an x that is not gets copied (it is small), a w that is not
 // takes rung 10's kernel.
-#include "cluster_launch.cuh"
 #include "common.cuh"
 #include "hopper.cuh"
+#include "launch.cuh"
 #include "mma.cuh"
 #include "skinny.cuh"
 #include "tensor_map.cuh"
@@ -451,7 +451,8 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, a
   // With more than one split, each column of blocks is a cluster, and the launch starts early
   // (see the file's header).
   const bool split = p.grid.y > 1;
-  const ClusterLaunch cluster_launch(p.grid, dim3(1, p.grid.y), kThreads, R::kSmemBytes, split);
+  KernelLaunch cluster_launch(p.grid, kThreads, R::kSmemBytes);
+  cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(split);
   cluster_launch.run(kernel, w_map, x_map, static_cast<T*>(out.data_ptr()), static_cast<int>(M),
                      static_cast<int>(N), static_cast<int>(K), p.per_split);
 }

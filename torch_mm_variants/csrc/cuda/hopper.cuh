@@ -55,7 +55,7 @@ __device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
   } while (!done);
 }
 
-// Programmatic dependent launch (a ClusterLaunch with early_start): the block may be running
+// Programmatic dependent launch (a KernelLaunch starting_early): the block may be running
 // before the previous kernel on the stream has finished. This waits until that kernel has
 // completed and its memory writes are visible; before it, a block may only set up its shared
 // memory.
@@ -63,7 +63,7 @@ __device__ __forceinline__ void wait_for_previous_grid() {
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
 }
 
-// Lets the next kernel on the stream, if it was launched with early_start, begin once every block
+// Lets the next kernel on the stream, if it was launched starting early, begin once every block
 // of this one has called this or exited; its blocks then wait for this kernel to complete.
 __device__ __forceinline__ void allow_next_grid() {
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");

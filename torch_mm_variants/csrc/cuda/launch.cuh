@@ -1,7 +1,8 @@
-// Host side of thread-block clusters (sm_90): a launch whose blocks are grouped into clusters that
-// run at once on neighbouring SMs of one GPC, and how many such clusters fit on the GPU together.
-// Rung 9 pairs blocks to share B tiles and splits K over a cluster for small outputs; rung 11
-// splits K over a cluster. Both add their split partial sums through distributed shared memory.
+// Host side of launches with attributes (cudaLaunchKernelEx): thread-block clusters (sm_90),
+// whose blocks run at once on neighbouring SMs of one GPC, how many such clusters fit on the GPU
+// together, and programmatic dependent launches. Rung 9 pairs blocks to share B tiles and splits
+// K over a cluster for small outputs; rung 11 splits K over a cluster. Both add their split
+// partial sums through distributed shared memory. Rungs 10 and 11 start some launches early.
 #pragma once
 
 #include "common.cuh"
@@ -14,28 +15,41 @@
 namespace mm_variants::cuda {
 
 // The launch of `grid` blocks of `threads` threads with `smem_bytes` of dynamic shared memory on
-// the current stream, in clusters of `cluster` blocks. With `early_start` it is a programmatic
-// dependent launch: its blocks may start while the kernel before it on the stream finishes, and
-// must wait for that kernel (hopper::wait_for_previous_grid) before touching global memory. It
-// points at its own attributes, so it is built in place and never copied.
-class ClusterLaunch {
+// the current stream, with the attributes its setters add. It points at its own attributes, so it
+// is built in place and never copied.
+class KernelLaunch {
  public:
-  ClusterLaunch(dim3 grid, dim3 cluster, int threads, int smem_bytes, bool early_start = false) {
-    attributes_[0].id = cudaLaunchAttributeClusterDimension;
-    attributes_[0].val.clusterDim.x = cluster.x;
-    attributes_[0].val.clusterDim.y = cluster.y;
-    attributes_[0].val.clusterDim.z = cluster.z;
-    attributes_[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attributes_[1].val.programmaticStreamSerializationAllowed = 1;
+  KernelLaunch(dim3 grid, int threads, int smem_bytes) {
     config_.gridDim = grid;
     config_.blockDim = dim3(threads);
     config_.dynamicSmemBytes = smem_bytes;
     config_.stream = c10::cuda::getCurrentCUDAStream();
     config_.attrs = attributes_;
-    config_.numAttrs = early_start ? 2 : 1;
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  KernelLaunch(const KernelLaunch&) = delete;
+  KernelLaunch& operator=(const KernelLaunch&) = delete;
+
+  // Groups the blocks into clusters of `shape` (sm_90).
+  KernelLaunch& in_clusters(dim3 shape) {
+    cudaLaunchAttribute& cluster = next_attribute();
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = shape.x;
+    cluster.val.clusterDim.y = shape.y;
+    cluster.val.clusterDim.z = shape.z;
+    return *this;
+  }
+
+  // When `early`, a programmatic dependent launch: the blocks may start while the kernel before
+  // them on the stream finishes, and must wait for that kernel (hopper::wait_for_previous_grid)
+  // before touching global memory.
+  KernelLaunch& starting_early(bool early) {
+    if (early) {
+      cudaLaunchAttribute& start = next_attribute();
+      start.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      start.val.programmaticStreamSerializationAllowed = 1;
+    }
+    return *this;
+  }
 
   const cudaLaunchConfig_t& config() const { return config_; }
 
@@ -46,7 +60,14 @@ class ClusterLaunch {
   }
 
  private:
-  cudaLaunchAttribute attributes_[2] = {};  // the cluster shape, then early start
+  static constexpr unsigned kMaxAttributes = 2;  // a cluster shape, an early start
+
+  cudaLaunchAttribute& next_attribute() {
+    TORCH_INTERNAL_ASSERT(config_.numAttrs < kMaxAttributes, "too many launch attributes");
+    return attributes_[config_.numAttrs++];
+  }
+
+  cudaLaunchAttribute attributes_[kMaxAttributes] = {};
   cudaLaunchConfig_t config_ = {};
 };
 
@@ -58,7 +79,8 @@ template <typename... Params>
 int resident_clusters(void (*kernel)(Params...), dim3 cluster, int threads, int smem_bytes) {
   allow_dynamic_smem(kernel, smem_bytes);  // the query counts on the launch's shared memory
   const auto query = [&] {
-    const ClusterLaunch one_cluster(cluster, cluster, threads, smem_bytes);
+    KernelLaunch one_cluster(cluster, threads, smem_bytes);
+    one_cluster.in_clusters(cluster);
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, kernel, &one_cluster.config()) != cudaSuccess) {
       (void)cudaGetLastError();  // a cluster shape this GPU cannot run: none fits
