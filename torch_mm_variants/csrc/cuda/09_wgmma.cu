@@ -54,10 +54,10 @@
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
 // code=sm_90a) and is listed only on compute capability 9.0 devices.
-#include "launch.cuh"
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "hopper.cuh"
+#include "launch.cuh"
 #include "tensor_map.cuh"
 
 #include <algorithm>

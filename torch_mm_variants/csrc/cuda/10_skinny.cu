@@ -98,8 +98,9 @@ struct SkinnyMma<float> {
   // small too cost one conversion (issued at half rate) per word, and the kernel is issue bound
   // at many tokens: 1-5% faster without it at 32-64 tokens (H100), with the same errors.
   __device__ static void split(uint32_t x, uint32_t (&parts)[2]) {
-    parts[0] = mma::round_to_tf32(x);
-    parts[1] = __float_as_uint(__uint_as_float(x) - __uint_as_float(parts[0]));
+    const mma::Tf32Parts split = mma::split_tf32(x);
+    parts[0] = split.big;
+    parts[1] = split.small;
   }
   __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma::mma_m16n8k8_tf32(d, a, b);

@@ -66,9 +66,9 @@ constexpr int kRows = 64;                // weight rows of a block: the wgmma M
 constexpr int kRowUnits = kTmaRowBytes / 2;
 constexpr int kThreads = 128 + 32;       // the consumer warpgroup, then the producer warp
 constexpr int kMaxSplits = 8;  // the largest portable cluster
-// The ring's shape: boxes of 64 k per stage (more make longer runs of each weight row per stage)
-// and the shared memory of a block in its two sizes: 96 KB, two blocks per SM, or 192 KB, one
-// block per SM with a ring twice as deep. The host takes whichever leaves the least k for the
+// The ring's shape: boxes per stage, each one swizzle row of k (more make longer runs of each
+// weight row per stage), and the shared memory of a block in its two sizes: 96 KB, two blocks per
+// SM, or 192 KB, one block per SM with a ring twice as deep. The host takes whichever leaves the least k for the
 // busiest SM to stream (plan() below). MM_VARIANTS_SKINNY_TMA, predefined, overrides them for a
 // sweep.
 #ifndef MM_VARIANTS_SKINNY_TMA  // BOXES, SHARED_SMEM_KB, ALONE_SMEM_KB
@@ -187,9 +187,9 @@ __device__ __forceinline__ void split_x(uint16_t* x, uint16_t* x_small, int M) {
       float* r = &rest.x;
 #pragma unroll
       for (int q = 0; q < 4; ++q) {
-        const float rounded = __uint_as_float(mma::round_to_tf32(__float_as_uint(e[q])));
-        r[q] = e[q] - rounded;
-        e[q] = rounded;
+        const mma::Tf32Parts split = mma::split_tf32(__float_as_uint(e[q]));
+        e[q] = __uint_as_float(split.big);
+        r[q] = __uint_as_float(split.small);
       }
       big[i] = v;
       small[i] = rest;
@@ -218,8 +218,9 @@ __device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], con
                               ((chunk ^ (row % 8)) << 4));
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
-      a_big[k8][q] = mma::round_to_tf32(raw[q]);
-      a_small[k8][q] = __float_as_uint(__uint_as_float(raw[q]) - __uint_as_float(a_big[k8][q]));
+      const mma::Tf32Parts split = mma::split_tf32(raw[q]);
+      a_big[k8][q] = split.big;
+      a_small[k8][q] = split.small;
     }
   }
   hopper::wgmma_fence();

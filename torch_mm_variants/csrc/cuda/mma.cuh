@@ -105,6 +105,17 @@ __device__ __forceinline__ uint32_t round_to_tf32(uint32_t x) {
   return r;
 }
 
+// The operand split of 3xTF32 (the skinny rungs' float32): x = big + small exactly, big its tf32
+// rounding and small the rest, |small| <= 2^-11 |x|. Both are given as raw 32-bit words.
+struct Tf32Parts {
+  uint32_t big, small;
+};
+
+__device__ __forceinline__ Tf32Parts split_tf32(uint32_t x) {
+  const uint32_t big = round_to_tf32(x);
+  return {big, __float_as_uint(__uint_as_float(x) - __uint_as_float(big))};
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bank-conflict-free shared tiles by swizzling.
 //
