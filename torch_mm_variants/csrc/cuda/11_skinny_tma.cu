@@ -9,6 +9,12 @@
 //   boxes of 64 rows x 128 bytes of k, 16 KB of weight), with no registers held: two blocks per
 //   SM, or one with a ring twice as deep where that spreads the weight more evenly over the SMs.
 //   The copy engine zero-fills rows past N and k past K, so tails need no code.
+// - The weight's boxes are read with an L2 evict-first policy. Each of its lines is used once, so
+//   L2 gives them up before anything else: streaming the weight neither pushes out lines that
+//   later kernels read again nor makes room by writing dirty lines back to memory, a write-back
+//   that would share the memory's bandwidth with the weight. With L2 cleared before each call
+//   (which leaves it full of dirty lines) 16-bit decode ran 5-12% faster for it, back to back in
+//   a CUDA graph 0-4% (H100 and H200).
 // - wgmma multiplies them: w's 64 rows are the instruction's M, the tokens (M rounded up to
 //   8, 16, 32 or 64) its N, both operands K-major in 128-byte swizzled shared memory. At these
 //   sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream w
@@ -41,10 +47,10 @@
 //   summed afresh and added in float32. On an H200 (both timings) float32 decode from 24 tokens
 //   ran at 1.55-2.9x of torch.mm, and at 48-64 tokens 1.2-1.9x as fast as rung 10.
 // Measured on an H200 (scripts/bench_skinny.py), in 16 bits it streams the large weights at
-// 2.8-2.9 TB/s at every M up to 64 with L2 cleared before each call, and at 3.5-3.8 TB/s back to
-// back in a CUDA graph, within a few percent of torch.mm either way. Up to 8 tokens rung 10's
-// loads stream faster with L2 cleared (about 3.1 TB/s), so `auto` keeps rung 10 there on weights
-// under 64 MiB, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
+// 3.0-3.2 TB/s at every M up to 64 with L2 cleared before each call, and at 3.7-3.9 TB/s back to
+// back in a CUDA graph: 1.02-1.19x of torch.mm's speed. Up to 16 tokens on weights under 64 MiB
+// rung 10's loads stream as fast with L2 cleared, and on an H100 3-5% faster in both timings, so
+// `auto` keeps rung 10 there, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
 // TMA needs 16-byte aligned rows: an x that is not gets copied (it is small), a w that is not
 // takes rung 10's kernel.
 #include "common.cuh"
@@ -120,6 +126,7 @@ __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
                         int steps, int M) {
   const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * kRowUnits) * 2;
+  const uint64_t read_once = hopper::l2_evict_first_policy();
   for (int i = 0; i < steps; ++i) {
     const int s = i % R::kStages, k0 = (step0 + i) * R::kStepK;
     hopper::mbarrier_wait(&empty[s], ((i / R::kStages) & 1) ^ 1);
@@ -127,7 +134,8 @@ __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint
 #pragma unroll
     for (int b = 0; b < R::kBoxes; ++b) {
       const int k = k0 + b * R::kBoxK;
-      hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k, n0);
+      hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k, n0,
+                          read_once);
       hopper::tma_load_2d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k, 0);
     }
   }
@@ -512,15 +520,15 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   }
 }
 
-// Where rung 10 measured faster (scripts/bench_skinny.py on an H200): up to 8 tokens, its
-// register-held loads stream the weight at about 3.1 TB/s to TMA's 2.9 with L2 cleared before each
-// call; at 16 tokens too, as long as its 16-row blocks all fit on the GPU at once (two per SM).
-// From 32 tokens on, its blocks re-read x from L2 and this rung is up to four times faster. Weights
-// of kLargeWeight bytes and more (14336 x 4096 in 16 bits) stay here at every token count: back to
-// back in a CUDA graph, as serving engines run decode, rung 10 trailed torch.mm on them (down to
-// 0.94x at 1-8 tokens, 0.84-0.97x at 16; two runs) while this rung ran at 0.97-1.15x, and with L2
-// cleared this rung's 1.00-1.11x still beat torch.mm. On 4096 x 4096 (32 MiB) both timings put
-// both rungs ahead of torch.mm (1.03-1.28x).
+// Where rung 10 measured faster in 16 bits (scripts/bench_skinny.py): up to 8 tokens, and at 16
+// as long as its 16-row blocks all fit on the GPU at once (two per SM), on weights under
+// kLargeWeight. On 4096 x 4096 an H100 ran it 3-5% ahead of this rung in both timings; an H200
+// ran the two level with L2 cleared before each call and this rung 5-12% ahead back to back in a
+// CUDA graph, all of them at 1.12-1.26x of torch.mm. From 32 tokens on, rung 10's blocks re-read
+// x from L2 and this rung is up to four times faster. Weights of kLargeWeight bytes and more
+// (14336 x 4096 in 16 bits) stay here at every token count: back to back, as serving engines run
+// decode, rung 10 trailed torch.mm on them (down to 0.94x at 1-8 tokens, 0.84-0.97x at 16) while
+// this rung runs at 1.01-1.09x, and 1.08-1.14x with L2 cleared.
 // float32 (3xTF32 in both rungs) measured otherwise, with both timings on an H100 and an H200:
 // rung 10 ahead by 2-28% up to 8 tokens on every weight, and at 16 tokens on 4096 x 4096 by up
 // to 17% (or tied); at 16 on the larger weights this rung runs from 6% behind to 17% ahead, and

@@ -129,6 +129,25 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
       : "memory");
 }
 
+// An L2 policy for data read once, such as a decode weight: L2 gives up its lines first, so
+// streaming it neither pushes out lines that will be read again nor makes room by writing back
+// dirty ones.
+__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+  uint64_t policy;
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+  return policy;
+}
+
+// tma_load_2d with an L2 eviction policy for the lines it reads (l2_evict_first_policy).
+__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
 // The same box delivered to the same shared-memory offset of every CTA of the cluster in
 // `cta_mask`, each signalling its own barrier at `bar`'s offset: one read of L2 feeds them all.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
