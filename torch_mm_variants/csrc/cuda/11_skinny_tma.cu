@@ -522,13 +522,14 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 
 // Where rung 10 measured faster in 16 bits (scripts/bench_skinny.py): up to 8 tokens, and at 16
 // as long as its 16-row blocks all fit on the GPU at once (two per SM), on weights under
-// kLargeWeight. On 4096 x 4096 an H100 ran it 3-5% ahead of this rung in both timings; an H200
-// ran the two level with L2 cleared before each call and this rung 5-12% ahead back to back in a
-// CUDA graph, all of them at 1.12-1.26x of torch.mm. From 32 tokens on, rung 10's blocks re-read
-// x from L2 and this rung is up to four times faster. Weights of kLargeWeight bytes and more
-// (14336 x 4096 in 16 bits) stay here at every token count: back to back, as serving engines run
-// decode, rung 10 trailed torch.mm on them (down to 0.94x at 1-8 tokens, 0.84-0.97x at 16) while
-// this rung runs at 1.01-1.09x, and 1.08-1.14x with L2 cleared.
+// kLargeWeight. On 4096 x 4096 an H100 ran it level with this rung or up to 6% ahead with L2
+// cleared before each call, and 3-5% ahead back to back in a CUDA graph; an H200 ran the two
+// level with L2 cleared and this rung 5-12% ahead back to back; all at 1.00-1.26x of torch.mm.
+// From 32 tokens on, rung 10's blocks re-read x from L2 and this rung is up to four times faster.
+// Weights of kLargeWeight bytes and more (14336 x 4096 in 16 bits) stay here at every token
+// count: back to back, as serving engines run decode, rung 10 trailed torch.mm on them (down to
+// 0.94x at 1-8 tokens, 0.84-0.97x at 16) while this rung runs at 1.01-1.09x, and 1.08-1.14x with
+// L2 cleared.
 // float32 (3xTF32 in both rungs) measured otherwise, with both timings on an H100 and an H200:
 // rung 10 ahead by 2-28% up to 8 tokens on every weight, and at 16 tokens on 4096 x 4096 by up
 // to 17% (or tied); at 16 on the larger weights this rung runs from 6% behind to 17% ahead, and
