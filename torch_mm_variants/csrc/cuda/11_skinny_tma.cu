@@ -126,7 +126,7 @@ __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
                         int steps, int M) {
   const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * kRowUnits) * 2;
-  const uint64_t read_once = hopper::l2_evict_first_policy();
+  const hopper::L2Policy read_once = hopper::l2_evict_first();
   for (int i = 0; i < steps; ++i) {
     const int s = i % R::kStages, k0 = (step0 + i) * R::kStepK;
     hopper::mbarrier_wait(&empty[s], ((i / R::kStages) & 1) ^ 1);

@@ -120,44 +120,60 @@ __device__ __forceinline__ void cluster_sync() {
 // host) into shared memory; elements outside the tensor arrive as zeros, so edge tiles need no
 // predicates. c0 indexes the contiguous dimension. Completion is signalled on `bar`.
 
-__device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                            int c0, int c1) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
-      : "memory");
-}
+// How L2 keeps the lines a copy reads: as it keeps any (the default), or by a policy that
+// createpolicy made.
+struct L2Policy {
+  bool given = false;
+  uint64_t policy = 0;
+};
 
-// An L2 policy for data read once, such as a decode weight: L2 gives up its lines first, so
-// streaming it neither pushes out lines that will be read again nor makes room by writing back
-// dirty ones.
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
+// For data read once, such as a decode weight: L2 gives up its lines first, so streaming it
+// neither pushes out lines that will be read again nor makes room by writing back dirty ones.
+__device__ __forceinline__ L2Policy l2_evict_first() {
   uint64_t policy;
   asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
-  return policy;
+  return {true, policy};
 }
 
-// tma_load_2d with an L2 eviction policy for the lines it reads (l2_evict_first_policy).
 __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, uint64_t* bar,
-                                            int c0, int c1, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
+                                            int c0, int c1, L2Policy l2 = {}) {
+  if (l2.given) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)),
+        "l"(l2.policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar))
+        : "memory");
+  }
 }
 
 // The same box delivered to the same shared-memory offset of every CTA of the cluster in
 // `cta_mask`, each signalling its own barrier at `bar`'s offset: one read of L2 feeds them all.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,
                                                       uint64_t* bar, int c0, int c1,
-                                                      uint16_t cta_mask) {
-  asm volatile(
-      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-      ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)), "h"(cta_mask)
-      : "memory");
+                                                      uint16_t cta_mask, L2Policy l2 = {}) {
+  if (l2.given) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".multicast::cluster.L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5, %6;\n" ::"r"(
+            smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)),
+        "h"(cta_mask), "l"(l2.policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".multicast::cluster [%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(smem_addr(bar)),
+        "h"(cta_mask)
+        : "memory");
+  }
 }
 
 // The reverse copy, shared -> global, tracked as a bulk group of the issuing thread. Elements of
