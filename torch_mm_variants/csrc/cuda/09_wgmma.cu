@@ -4,7 +4,11 @@
 //
 // - TMA: one thread copies a whole 2-D tile per instruction (cp.async.bulk.tensor), swizzled
 //   (128-byte pattern) on its way into shared memory so that the tensor cores read it without
-//   bank conflicts. Edges come back zero-filled: no predicates, no tails in the main loop.
+//   bank conflicts. Edges come back zero-filled: no predicates, no tails in the main loop. Only
+//   the last tile row of a K-major A is copied in boxes of exactly its rows inside M: the copy
+//   engine fills rows past a tensor's end slowly (H100, bf16, nn.Linear layout: 160, 192 and 200
+//   tokens against a 4096 x 4096 weight went from 0.51-0.68x of torch.mm to 0.73-0.84x back to
+//   back in a CUDA graph, and from 0.68-0.78x to 0.79-0.84x with L2 cleared).
 // - wgmma: a warpgroup (4 warps) multiplies a 64 x BN tile by 16 of K per instruction, both
 //   operands read from shared memory through descriptors, float accumulators in registers. No
 //   fragments are loaded: the registers are free for BN / 2 accumulators per thread. The
@@ -190,7 +194,8 @@ struct ClusterPlace {
 // (BN x BK) into every block of the cluster. K-major tiles are boxes of 64 x rows; M/N-major
 // tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
 template <class S, bool kAK, bool kBK, int kCluster>
-__device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint16_t* a_tiles,
+__device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
+                        const CUtensorMap* b_map, uint16_t* a_tiles,
                         uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N,
                         StepRange steps, ClusterPlace place) {
   const TileWalk<S, kCluster> walk(M, N);
@@ -215,16 +220,21 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* b_map, uint
     const int n0 = origin.y;
     // A pair's second block past M (an odd number of tile rows) only passes its share of B on.
     const bool rows_past_m = origin.x >= M;
+    // A K-major tile that ends past M takes a_tail_map's box of exactly its rows inside M: the
+    // copy engine fills box rows past a tensor's end with zeros, slowly. The tile's other rows
+    // keep what the ring held; they make rows of C past M, which are never stored.
+    const int a_rows = rows_past_m ? 0 : kAK ? min(BM, M - origin.x) : BM;
+    const CUtensorMap* a_box_map = a_rows == BM ? a_map : a_tail_map;
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages, k0 = ks * BK;
       hopper::mbarrier_wait(&empty[s], ((it / S::kStages) & 1) ^ 1);
-      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes - (rows_past_m ? kATile * 2 : 0));
+      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes - (BM - a_rows) * BK * 2);
       uint16_t* a = a_tiles + s * kATile;
       uint16_t* b = b_tiles + s * S::kBTile;
       if (rows_past_m) {
         // nothing of A to load
       } else if constexpr (kAK) {
-        hopper::tma_load_2d(a, a_map, &full[s], k0, origin.x, a_l2);
+        hopper::tma_load_2d(a, a_box_map, &full[s], k0, origin.x, a_l2);
       } else {
 #pragma unroll
         for (int j = 0; j < BM / kBox; ++j)
@@ -539,6 +549,7 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __global__ void __launch_bounds__(kThreads, 1)
     wgmma_kernel(const __grid_constant__ CUtensorMap a_map,
+                 const __grid_constant__ CUtensorMap a_tail_map,
                  const __grid_constant__ CUtensorMap b_map,
                  const __grid_constant__ CUtensorMap c_map, bool tma_store, Epi epi, T* c, int ldc,
                  int M, int N, int K, int steps_per_split) {
@@ -580,8 +591,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     hopper::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      produce<S, kAK, kBK, kCluster>(&a_map, &b_map, a_tiles, b_tiles, full, empty, M, N, steps,
-                                     place);
+      produce<S, kAK, kBK, kCluster>(&a_map, &a_tail_map, &b_map, a_tiles, b_tiles, full, empty,
+                                     M, N, steps, place);
     }
   } else {
     hopper::setmaxnreg_inc<kConsumerRegs>();
@@ -634,6 +645,11 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   static_assert(S::BN / kCluster <= 256, "a K-major B share is one TMA box of at most 256 rows");
   using T = typename G::scalar;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
+  // The last tile row's rows inside M, for K-major A (see produce); unused otherwise.
+  const int a_tail_rows = static_cast<int>(g.M % BM);
+  const CUtensorMap a_tail_map = decltype(G::a)::k_contiguous && a_tail_rows > 0
+                                     ? operand_map(g.a, g.M, g.K, a_tail_rows)
+                                     : a_map;
   const CUtensorMap b_map = operand_map(g.b, g.N, g.K, S::BN / kCluster);
   // C rows must start on 16-byte boundaries for TMA to store them (g.c does: with_gemm's output,
   // or whole tiles of columns past it).
@@ -653,8 +669,8 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
     KernelLaunch split_launch(dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits),
                               kThreads, S::kSmemBytes);
     split_launch.in_clusters(dim3(kCluster, splits));
-    return split_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M, g.N,
-                            g.K, steps_per_split);
+    return split_launch.run(kernel, a_map, a_tail_map, b_map, c_map, tma_store, epi, g.c, g.ldc,
+                            g.M, g.N, g.K, steps_per_split);
   }
   const int resident = resident_clusters(kernel, dim3(kCluster), kThreads, S::kSmemBytes);
   TORCH_CHECK(resident > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
@@ -663,8 +679,8 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   KernelLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)), kThreads,
                                  S::kSmemBytes);
   persistent_launch.in_clusters(dim3(kCluster));
-  persistent_launch.run(kernel, a_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M, g.N, g.K,
-                        steps_per_split);
+  persistent_launch.run(kernel, a_map, a_tail_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M,
+                        g.N, g.K, steps_per_split);
 }
 
 // Full waves of `tiles` equal tiles, one per SM.
