@@ -246,10 +246,16 @@ TAIL_SHAPES = [((380, 12000, 4104), [((132, 1, 1), 1), ((9, 8, 1), 1)]),
 # second block past the weight's rows); the same with an odd N, whose C rows TMA cannot store,
 # and a K tail; 192 tokens in one tile of 192 over 112 weight tiles, in pairs; 640 tokens in four
 # tiles of 160 over 33 weight tiles, unpaired, since 17 pairs a column would take a second wave.
+# Where wide tiles would split K, few enough transposed tiles to fit half the SMs split it instead:
+# 320 tokens in two tiles of 160 over 32 weight tiles, in 2 splits; 160 tokens over 32 weight
+# tiles with an odd N and a K tail in the last of 3 splits; 352 tokens in two tiles of 192.
 TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1), 2)),
                      ((300, 7001, 4104), ("TileShape<160", (112, 1, 1), 2)),
                      ((192, 14336, 256), ("TileShape<192", (112, 1, 1), 2)),
-                     ((640, 4224, 320), ("TileShape<160", (132, 1, 1), 1))]
+                     ((640, 4224, 320), ("TileShape<160", (132, 1, 1), 1)),
+                     ((320, 4096, 4096), ("TileShape<160", (64, 2, 1), 1)),
+                     ((160, 4001, 8200), ("TileShape<160", (32, 3, 1), 1)),
+                     ((352, 4096, 4096), ("TileShape<192", (64, 2, 1), 1))]
 
 
 # Outputs that take the tile shapes between narrow and wide, with the tiles, grids and clusters

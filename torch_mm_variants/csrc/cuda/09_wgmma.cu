@@ -38,7 +38,9 @@
 // - Transposed tiles: an nn.Linear product with a few hundred tokens can run as C^T = W X^T, the
 //   weight in 128-row tiles and the tokens in tiles of 160 or 192 (wgmma's N comes in steps of
 //   8, its M in steps of 64): 320 tokens fill two tiles of 160 where 128-row tiles leave the
-//   third half empty. The epilogue stores each tile transposed.
+//   third half empty. The epilogue stores each tile transposed. Few enough of them split K in
+//   place of wide tiles (e.g. 320 tokens against a 4096 x 4096 or 4096 x 14336 weight), their
+//   sums added as above and stored transposed.
 // - Tile shapes in between: 128 x 192 tiles where they take fewer waves than 128 x 256 ones
 //   (e.g. 1536^3: 96 tiles of 192 in one wave, where 72 of 256 leave 60 SMs idle and still take
 //   as long), and 128 x 64 tiles for outputs that fit one wave of them (squares up to 1024): more
@@ -406,10 +408,24 @@ __device__ __forceinline__ void store_partial(const float (&acc)[S::kAccumulator
   }
 }
 
+// Split K: the sum over the splits, in split order, of the float4 at `at` of a partial tile
+// (group rank `rank`) in every split's block.
+template <int kCluster>
+__device__ __forceinline__ float4 sum_over_splits(const float* at, int rank, int splits) {
+  float4 sum = hopper::ld_cluster_float4(hopper::cluster_smem_addr(at, rank));
+  for (int s = 1; s < splits; ++s) {
+    const float4 v = hopper::ld_cluster_float4(hopper::cluster_smem_addr(at, s * kCluster + rank));
+    sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
+  }
+  return sum;
+}
+
 // Split K, after the cluster barrier that follows store_partial: the consumer threads of the
 // block of split `split` take every `splits`-th run of their number of float4s of the tile, add
 // each over the partial tiles of the same tile (group rank `rank`) in every split, in split
 // order (the same bits on every run), and store the sums to C (rows ldc apart) through epi.
+// Transposed, a float4 is one column of C in four of its rows, and a warp takes 32 neighbouring
+// tile rows, so that each of its four stores writes 32 neighbouring elements of a C row.
 template <class S, int kCluster, typename T, class Epi>
 __device__ void sum_partials(const float* partial, const Epi& epi, T* c, int ldc, int M, int N,
                              int2 origin, int rank, int split, int splits) {
@@ -417,17 +433,19 @@ __device__ void sum_partials(const float* partial, const Epi& epi, T* c, int ldc
   constexpr int kSummers = 128 * kConsumers;
   const bool quads = ldc % 4 == 0;  // C rows then start 8-byte aligned
   for (int i = split * kSummers + threadIdx.x - 128; i < BM * kQuads; i += splits * kSummers) {
-    const int row = i / kQuads, col = i % kQuads * 4;
+    const int row = S::kTransposed ? i % BM : i / kQuads;
+    const int col = (S::kTransposed ? i / BM : i % kQuads) * 4;
     const int m = origin.x + row, n = origin.y + col;
     if (m >= M || n >= N) continue;
-    const float* at = partial + row * S::kPartialPitch + col;
-    float4 sum = hopper::ld_cluster_float4(hopper::cluster_smem_addr(at, rank));
-    for (int s = 1; s < splits; ++s) {
-      const uint32_t from = hopper::cluster_smem_addr(at, s * kCluster + rank);
-      const float4 v = hopper::ld_cluster_float4(from);
-      sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
-    }
+    const float4 sum = sum_over_splits<kCluster>(partial + row * S::kPartialPitch + col, rank,
+                                                 splits);
     const float values[4] = {sum.x, sum.y, sum.z, sum.w};
+    if constexpr (S::kTransposed) {  // the tile's row m is C's column m, its column n C's row n
+      for (int e = 0; e < 4 && n + e < N; ++e) {
+        c[static_cast<int64_t>(n + e) * ldc + m] = static_cast<T>(epi(values[e], m));
+      }
+      continue;
+    }
     T* to = c + static_cast<int64_t>(m) * ldc + n;
     if (quads) {
       Vec<T, 4> v;
@@ -518,17 +536,17 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     hopper::wgmma_wait<0>();
     hopper::fence_registers(acc);
     if (warp_leader) release_stage<kCluster>(&empty[previous], place);
-    if constexpr (S::kTransposed) {  // never split in K
+    if (gridDim.y > 1) {
+      // The ring becomes the partial tile once neither consumer's wgmmas read it any more.
+      hopper::named_barrier_sync(kConsumersBarrier, 128 * kConsumers);
+      store_partial<S>(acc, reinterpret_cast<float*>(a_tiles), consumer);
+    } else if constexpr (S::kTransposed) {
       if (c_map != nullptr) {
         store_tile_transposed_async<S, T>(acc, epi, staging, c_map, consumer,
                                           origin.x + consumer * 64, origin.y);
       } else {
         store_tile<S>(acc, epi, c, ldc, M, N, origin.x + consumer * 64, origin.y);
       }
-    } else if (gridDim.y > 1) {
-      // The ring becomes the partial tile once neither consumer's wgmmas read it any more.
-      hopper::named_barrier_sync(kConsumersBarrier, 128 * kConsumers);
-      store_partial<S>(acc, reinterpret_cast<float*>(a_tiles), consumer);
     } else if (c_map != nullptr) {
       store_tile_async<S, T>(acc, epi, staging, c_map, consumer, origin.x + consumer * 64,
                              origin.y);
@@ -601,7 +619,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                       full, empty, tma_store ? &c_map : nullptr, epi, c, ldc, M,
                                       N, steps, place);
   }
-  if (!S::kTransposed && splits > 1) {
+  if (splits > 1) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
     hopper::cluster_sync();  // every split's partial tile is written
     if (warpgroup > 0) {
@@ -664,7 +682,6 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
   const unsigned splits = ceil_div(ceil_div(g.K, BK), steps_per_split);
-  TORCH_INTERNAL_ASSERT(!S::kTransposed || splits == 1, "transposed tiles do not split K");
   if (splits > 1) {
     KernelLaunch split_launch(dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits),
                               kThreads, S::kSmemBytes);
@@ -769,53 +786,134 @@ void launch_tiles(const G& g, const Epi& epi) {
   launch_tiles<S>(g, epi, pairs_along_m<S>(g.M, g.N, g.K, sms));
 }
 
-// K split over clusters of wide tiles, when the output's kCluster-block groups fill at most half
-// the SMs and K is long (kMinStepsToSplit): the most splits (up to a cluster of
-// kMaxClusterBlocks) whose clusters all fit at once. Returns whether it launched.
-template <int kCluster, class G, class Epi>
-bool launch_wide_split(const G& g, const Epi& epi, int sms) {
-  using S = WideTile;
-  const int64_t groups = tile_count<S, kCluster>(g.M, g.N), k_steps = ceil_div(g.K, BK);
-  if (2 * groups * kCluster > sms) return false;
+// A K split in one wave of blocks: its K steps per split, and its estimated time, the work of
+// one block (tile columns times K steps), since all its blocks run at once.
+struct KSplit {
+  int per_split;
+  double cost;
+};
+
+// K split over `groups` clusters of kCluster blocks of tile shape S, in the most splits (up to
+// max_splits) whose clusters all fit at once; none where that leaves K whole.
+template <class S, int kCluster, class G, class Epi>
+std::optional<KSplit> k_split(const G& g, int64_t groups, int max_splits) {
+  const int64_t k_steps = ceil_div(g.K, BK);
   const int per_split =
       steps_per_split(kernel_for<S, kCluster, G, Epi>(), kThreads, S::kSmemBytes, kCluster,
-                      groups, k_steps, kMaxClusterBlocks / kCluster, kMinStepsPerSplit);
-  if (per_split >= k_steps) return false;
-  launch<S, kCluster>(g, epi, per_split);
-  return true;
+                      groups, k_steps, max_splits, kMinStepsPerSplit);
+  if (per_split >= k_steps) return std::nullopt;
+  return KSplit{per_split, static_cast<double>(per_split) * S::BN};
 }
 
-// Narrow tiles split K where they fit on half the SMs, up to K = 8192: into as many splits as
-// keep the blocks within three quarters of the SMs (two at least), up to 8. On the H100 (bf16,
-// K = 4096 and 8192, 128-384 tokens against 1024-4096 weight rows) the best split count was
-// always within 5% of that one, which ran up to 1.45 times as fast as two splits and up to 1.3
-// times as fast as wide tiles split 8 ways; 128 blocks in clusters of 4 or 8 ran about as slow
-// as two waves. Returns whether it launched.
+// K split over clusters of wide tiles, when the output's kCluster-block groups fill at most half
+// the SMs and K is long (kMinStepsToSplit): the most splits (up to a cluster of
+// kMaxClusterBlocks) whose clusters all fit at once.
+template <int kCluster, class G, class Epi>
+std::optional<KSplit> wide_split(const G& g, int sms) {
+  const int64_t groups = tile_count<WideTile, kCluster>(g.M, g.N);
+  if (2 * groups * kCluster > sms) return std::nullopt;
+  return k_split<WideTile, kCluster, G, Epi>(g, groups, kMaxClusterBlocks / kCluster);
+}
+
+// The most splits of `tiles` single blocks that keep them within three quarters of the SMs (two
+// at least), up to 8. On the H100 (bf16, K = 4096 and 8192, 128-384 tokens against 1024-4096
+// weight rows) the best split count of narrow tiles was always within 5% of that one, which ran
+// up to 1.45 times as fast as two splits and up to 1.3 times as fast as wide tiles split 8 ways;
+// 128 blocks in clusters of 4 or 8 ran about as slow as two waves.
+int split_limit(int64_t tiles, int sms) {
+  return static_cast<int>(
+      std::min<int64_t>(kMaxClusterBlocks, std::max<int64_t>(2, 3 * sms / (4 * tiles))));
+}
+
+// Narrow tiles split K where they fit on half the SMs, up to K = 8192, in split_limit splits.
 template <class G, class Epi>
-bool launch_narrow_split(const G& g, const Epi& epi, int sms) {
+std::optional<KSplit> narrow_split(const G& g, int sms) {
   using S = NarrowTile;
   const int64_t tiles = tile_count<S>(g.M, g.N), k_steps = ceil_div(g.K, BK);
-  if (k_steps > 2 * kMinStepsToSplit || 2 * tiles > sms) return false;
-  const int64_t most =
-      std::min<int64_t>(kMaxClusterBlocks, std::max<int64_t>(2, 3 * sms / (4 * tiles)));
-  const int per_split = steps_per_split(kernel_for<S, 1, G, Epi>(), kThreads, S::kSmemBytes, 1,
-                                        tiles, k_steps, static_cast<int>(most), kMinStepsPerSplit);
-  if (per_split >= k_steps) return false;
-  launch<S, 1>(g, epi, per_split);
+  if (k_steps > 2 * kMinStepsToSplit || 2 * tiles > sms) return std::nullopt;
+  return k_split<S, 1, G, Epi>(g, tiles, split_limit(tiles, sms));
+}
+
+// The nn.Linear product as C^T = W X^T (see TileShape): the weight as the M operand.
+template <class G>
+G transposed(const G& g) {
+  static_assert(decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous,
+                "both operands K-contiguous: swapped, they keep their panel types");
+  G t = g;
+  t.a = g.b;
+  t.b = g.a;
+  t.M = g.N;
+  t.N = g.M;
+  return t;
+}
+
+// Transposed tiles of shape S over the transposed product t split K where they fit on half the
+// SMs, in split_limit splits.
+template <class S, class G, class Epi>
+std::optional<KSplit> transposed_split(const G& t, int sms) {
+  const int64_t tiles = tile_count<S>(t.M, t.N);
+  if (2 * tiles > sms) return std::nullopt;
+  return k_split<S, 1, G, Epi>(t, tiles, split_limit(tiles, sms));
+}
+
+// Split transposed tiles are estimated at this share of split wide tiles' speed: they read more
+// shared memory per multiply-add (wgmma's N of 160 or 192 against 256), and their partial tiles
+// are added over more splits. It is the share that sorts the H100's timings below.
+constexpr double kTransposedSplitSpeed = 0.8;
+
+// Takes the transposed product split in K where one of its tile shapes takes less time than
+// `plan_cost`, that of the wide tiles' split the product would take otherwise: where the tokens
+// fill their 160- or 192-column tiles better than 128-row tiles (in 4096 x 4096 x 320 the third
+// tile row of x is half empty, two tiles of 160 are full), or where fewer weight tiles split K
+// into more, shorter ranges. On the H100 (bf16, nn.Linear layout, two rounds, both timings of
+// bench_skinny.py) it ran 1.03-1.6 times as fast as the wide split it replaced at 160-352 tokens
+// on weights of 1024-4096 rows with K = 4096-14336 (320 x 4096 x 14336: 0.66 to 0.85-0.99 of
+// torch.mm back to back, 0.83 to 1.01 with L2 cleared; 160 x 1024 x 14336: 0.43 to 0.67-0.70 and
+// 0.54 to 0.75), and from 2% to 34% slower where the estimate without this share took it with a
+// second tile of tokens at most 80% full (224 and 256 tokens on 2048 and 4096 rows at K = 14336)
+// or with 6 splits where wide tiles split 8 ways (288 and 320 tokens on 1024 rows). Returns
+// whether it launched.
+template <class G, class Epi>
+bool launch_transposed_split_if_faster(const G& g, const Epi& epi, int sms, double plan_cost) {
+  const G t = transposed(g);
+  const std::optional<KSplit> t160 = transposed_split<Tokens160Tile, G, Epi>(t, sms);
+  const std::optional<KSplit> t192 = transposed_split<Tokens192Tile, G, Epi>(t, sms);
+  const double cost160 = t160 ? t160->cost : plan_cost, cost192 = t192 ? t192->cost : plan_cost;
+  if (std::min(cost160, cost192) / kTransposedSplitSpeed >= plan_cost) return false;
+  if (cost160 <= cost192) {
+    launch<Tokens160Tile, 1>(t, epi, t160->per_split);
+  } else {
+    launch<Tokens192Tile, 1>(t, epi, t192->per_split);
+  }
   return true;
 }
 
 // Outputs too small to keep the SMs busy over a long K split it: narrow tiles where
-// launch_narrow_split takes them, otherwise wide tiles (up to 8 splits; at K = 14336 narrow ones
+// narrow_split takes them, otherwise wide tiles (up to 8 splits; at K = 14336 narrow ones
 // in two splits ran from 6% slower to 3% faster, and the wide tiles read less L2), paired where
 // the rows pair up evenly: at 320 and 384 tokens, K = 14336, unpaired ones in two splits ran
-// 1.3-1.8 times as fast as pairs in two or three.
+// 1.3-1.8 times as fast as pairs in two or three. In the nn.Linear layout, transposed tiles
+// split K instead where they take less time. Returns whether it launched.
 template <class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
   if (ceil_div(g.K, BK) < kMinStepsToSplit) return false;
-  if (launch_narrow_split(g, epi, sms)) return true;
-  return rows_pair_evenly(g.M) ? launch_wide_split<2>(g, epi, sms)
-                               : launch_wide_split<1>(g, epi, sms);
+  if (const std::optional<KSplit> narrow = narrow_split<G, Epi>(g, sms)) {
+    launch<NarrowTile, 1>(g, epi, narrow->per_split);
+    return true;
+  }
+  const bool pairs = rows_pair_evenly(g.M);
+  const std::optional<KSplit> wide =
+      pairs ? wide_split<2, G, Epi>(g, sms) : wide_split<1, G, Epi>(g, sms);
+  if (!wide) return false;
+  if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
+    if (launch_transposed_split_if_faster(g, epi, sms, wide->cost)) return true;
+  }
+  if (pairs) {
+    launch<WideTile, 2>(g, epi, wide->per_split);
+  } else {
+    launch<WideTile, 1>(g, epi, wide->per_split);
+  }
+  return true;
 }
 
 // Columns [n0, g.N) of g's product: B's and C's columns from n0 on, C's rows still g.ldc apart.
@@ -876,14 +974,7 @@ void launch_split_tail(const G& g, const Epi& epi, const SplitTail& tail) {
 // The nn.Linear product computed transposed, C^T = W X^T, in tile shape S over all of K.
 template <class S, class G, class Epi>
 void launch_transposed(const G& g, const Epi& epi) {
-  static_assert(decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous,
-                "both operands K-contiguous: swapped, they keep their panel types");
-  G t = g;
-  t.a = g.b;
-  t.b = g.a;
-  t.M = g.N;
-  t.N = g.M;
-  launch_tiles<S>(t, epi);
+  launch_tiles<S>(transposed(g), epi);
 }
 
 // Takes the transposed product where one of its tile shapes beats `plan_waves`, the estimate
