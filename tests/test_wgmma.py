@@ -248,14 +248,18 @@ TAIL_SHAPES = [((380, 12000, 4104), [((132, 1, 1), 1), ((9, 8, 1), 1)]),
 # tiles of 160 over 33 weight tiles, unpaired, since 17 pairs a column would take a second wave.
 # Where wide tiles would split K, few enough transposed tiles to fit half the SMs split it instead:
 # 320 tokens in two tiles of 160 over 32 weight tiles, in 2 splits; 160 tokens over 32 weight
-# tiles with an odd N and a K tail in the last of 3 splits; 352 tokens in two tiles of 192.
+# tiles with an odd N and a K tail in the last of 3 splits; 352 tokens in two tiles of 192; 224
+# tokens in three tiles of 80 and 256 in three of 96, over 8 weight tiles (the last partial), in 4
+# splits with a K tail.
 TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1), 2)),
                      ((300, 7001, 4104), ("TileShape<160", (112, 1, 1), 2)),
                      ((192, 14336, 256), ("TileShape<192", (112, 1, 1), 2)),
                      ((640, 4224, 320), ("TileShape<160", (132, 1, 1), 1)),
                      ((320, 4096, 4096), ("TileShape<160", (64, 2, 1), 1)),
                      ((160, 4001, 8200), ("TileShape<160", (32, 3, 1), 1)),
-                     ((352, 4096, 4096), ("TileShape<192", (64, 2, 1), 1))]
+                     ((352, 4096, 4096), ("TileShape<192", (64, 2, 1), 1)),
+                     ((224, 1000, 8200), ("TileShape<80", (24, 4, 1), 1)),
+                     ((256, 1000, 8200), ("TileShape<96", (24, 4, 1), 1))]
 
 
 # Outputs that take the tile shapes between narrow and wide, with the tiles, grids and clusters

@@ -39,8 +39,8 @@
 //   weight in 128-row tiles and the tokens in tiles of 160 or 192 (wgmma's N comes in steps of
 //   8, its M in steps of 64): 320 tokens fill two tiles of 160 where 128-row tiles leave the
 //   third half empty. The epilogue stores each tile transposed. Few enough of them split K in
-//   place of wide tiles (e.g. 320 tokens against a 4096 x 4096 or 4096 x 14336 weight), their
-//   sums added as above and stored transposed.
+//   place of wide tiles (e.g. 320 tokens against a 4096 x 4096 or 4096 x 14336 weight, or 224
+//   against 1024 x 14336 in tiles of 80), their sums added as above and stored transposed.
 // - Tile shapes in between: 128 x 192 tiles where they take fewer waves than 128 x 256 ones
 //   (e.g. 1536^3: 96 tiles of 192 in one wave, where 72 of 256 leave 60 SMs idle and still take
 //   as long), and 128 x 64 tiles for outputs that fit one wave of them (squares up to 1024): more
@@ -58,7 +58,7 @@
 // and K is long or the waves full: pairing_pays); 128 x 320 with 3 stages (each k16 step a wgmma of
 // N = 256 and one of N = 64) where N divides into them with fewer waves of tiles, as on an
 // nn.Linear weight of 14336 rows; 128 x 192 with 4 stages and 128 x 64 with 8; transposed, 128 x
-// 160 with 5 stages and 128 x 192 with 4.
+// 160 with 5 stages and 128 x 192 with 4, and for K splits 128 x 80 with 7 and 128 x 96 with 6.
 // fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
 // dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
 // tile while the copy engine writes the last one.
@@ -130,6 +130,8 @@ using NarrowTile = TileShape<128, 6>;
 using WiderTile = TileShape<320, 3>;
 using Tokens160Tile = TileShape<160, 5, true>;
 using Tokens192Tile = TileShape<192, 4, true>;
+using Tokens80Tile = TileShape<80, 7, true>;
+using Tokens96Tile = TileShape<96, 6, true>;
 using MidTile = TileShape<192, 4>;
 using SlimTile = TileShape<64, 8>;
 
@@ -847,43 +849,65 @@ G transposed(const G& g) {
   return t;
 }
 
-// Transposed tiles of shape S over the transposed product t split K where they fit on half the
-// SMs, in split_limit splits.
+// Transposed tiles of shape S over the transposed product t split K where there are at most
+// `max_tiles` of them, in split_limit splits.
 template <class S, class G, class Epi>
-std::optional<KSplit> transposed_split(const G& t, int sms) {
+std::optional<KSplit> transposed_split(const G& t, int sms, int64_t max_tiles) {
   const int64_t tiles = tile_count<S>(t.M, t.N);
-  if (2 * tiles > sms) return std::nullopt;
+  if (tiles > max_tiles) return std::nullopt;
   return k_split<S, 1, G, Epi>(t, tiles, split_limit(tiles, sms));
 }
 
 // Split transposed tiles are estimated at this share of split wide tiles' speed: they read more
-// shared memory per multiply-add (wgmma's N of 160 or 192 against 256), and their partial tiles
+// shared memory per multiply-add (wgmma's N of 80-192 against 256), and their partial tiles
 // are added over more splits. It is the share that sorts the H100's timings below.
 constexpr double kTransposedSplitSpeed = 0.8;
 
 // Takes the transposed product split in K where one of its tile shapes takes less time than
 // `plan_cost`, that of the wide tiles' split the product would take otherwise: where the tokens
-// fill their 160- or 192-column tiles better than 128-row tiles (in 4096 x 4096 x 320 the third
+// fill their 80- to 192-column tiles better than 128-row tiles (in 4096 x 4096 x 320 the third
 // tile row of x is half empty, two tiles of 160 are full), or where fewer weight tiles split K
-// into more, shorter ranges. On the H100 (bf16, nn.Linear layout, two rounds, both timings of
-// bench_skinny.py) it ran 1.03-1.6 times as fast as the wide split it replaced at 160-352 tokens
-// on weights of 1024-4096 rows with K = 4096-14336 (320 x 4096 x 14336: 0.66 to 0.85-0.99 of
-// torch.mm back to back, 0.83 to 1.01 with L2 cleared; 160 x 1024 x 14336: 0.43 to 0.67-0.70 and
-// 0.54 to 0.75), and from 2% to 34% slower where the estimate without this share took it with a
-// second tile of tokens at most 80% full (224 and 256 tokens on 2048 and 4096 rows at K = 14336)
-// or with 6 splits where wide tiles split 8 ways (288 and 320 tokens on 1024 rows). Returns
-// whether it launched.
+// into more, shorter ranges. Tiles of 160 or 192 tokens split where they fit on half the SMs;
+// those of 80 or 96 only where at least three splits fit (a quarter of the SMs), since each of
+// their blocks reads its weight tile for fewer tokens. On the H100 (bf16, nn.Linear layout, two
+// rounds, both timings of bench_skinny.py):
+// - 160 and 192 tokens a tile ran 1.03-1.6 times as fast as the wide split they replaced at
+//   160-352 tokens on weights of 1024-4096 rows with K = 4096-14336 (320 x 4096 x 14336: 0.66 to
+//   0.85-0.99 of torch.mm back to back, 0.83 to 1.01 with L2 cleared), and from 2% to 34% slower
+//   where the estimate without kTransposedSplitSpeed took them with a second tile of tokens at
+//   most 80% full (224 and 256 tokens on 2048 and 4096 rows at K = 14336) or in 6 splits where
+//   wide tiles split 8 ways (288 and 320 tokens on 1024 rows).
+// - 80 and 96 tokens a tile, in 3-6 splits, ran 0.99-1.4 times as fast as the plans they
+//   replaced at 160-288 tokens on 1024 rows and 160-192 tokens on 2048 rows at K = 14336
+//   (224 x 1024 x 14336: 0.67 to 0.93 of torch.mm back to back, 0.73 to 0.86 with L2 cleared);
+//   in 2 splits (2048 rows at 256-352 tokens) they took 1.05-1.23 times as long.
+// Returns whether it launched.
 template <class G, class Epi>
 bool launch_transposed_split_if_faster(const G& g, const Epi& epi, int sms, double plan_cost) {
   const G t = transposed(g);
-  const std::optional<KSplit> t160 = transposed_split<Tokens160Tile, G, Epi>(t, sms);
-  const std::optional<KSplit> t192 = transposed_split<Tokens192Tile, G, Epi>(t, sms);
-  const double cost160 = t160 ? t160->cost : plan_cost, cost192 = t192 ? t192->cost : plan_cost;
-  if (std::min(cost160, cost192) / kTransposedSplitSpeed >= plan_cost) return false;
-  if (cost160 <= cost192) {
-    launch<Tokens160Tile, 1>(t, epi, t160->per_split);
-  } else {
-    launch<Tokens192Tile, 1>(t, epi, t192->per_split);
+  const std::optional<KSplit> splits[] = {
+      transposed_split<Tokens80Tile, G, Epi>(t, sms, sms / 4),
+      transposed_split<Tokens96Tile, G, Epi>(t, sms, sms / 4),
+      transposed_split<Tokens160Tile, G, Epi>(t, sms, sms / 2),
+      transposed_split<Tokens192Tile, G, Epi>(t, sms, sms / 2)};
+  int best = -1;
+  for (int i = 0; i < 4; ++i) {
+    if (splits[i] && (best < 0 || splits[i]->cost < splits[best]->cost)) best = i;
+  }
+  if (best < 0 || splits[best]->cost / kTransposedSplitSpeed >= plan_cost) return false;
+  const int per_split = splits[best]->per_split;
+  switch (best) {
+    case 0:
+      launch<Tokens80Tile, 1>(t, epi, per_split);
+      break;
+    case 1:
+      launch<Tokens96Tile, 1>(t, epi, per_split);
+      break;
+    case 2:
+      launch<Tokens160Tile, 1>(t, epi, per_split);
+      break;
+    default:
+      launch<Tokens192Tile, 1>(t, epi, per_split);
   }
   return true;
 }

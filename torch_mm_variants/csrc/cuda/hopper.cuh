@@ -282,6 +282,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #define MMV_ACC16(i) MMV_ACC8(i), MMV_ACC8(i + 8)
 #define MMV_ACC32(i) MMV_ACC16(i), MMV_ACC16(i + 16)
 #define MMV_ACC64(i) MMV_ACC32(i), MMV_ACC32(i + 32)
+#define MMV_ACC40(i) MMV_ACC32(i), MMV_ACC8(i + 32)
+#define MMV_ACC48(i) MMV_ACC32(i), MMV_ACC16(i + 32)
 #define MMV_ACC80(i) MMV_ACC64(i), MMV_ACC16(i + 64)
 #define MMV_ACC96(i) MMV_ACC64(i), MMV_ACC32(i + 64)
 #define MMV_ACC128(i) MMV_ACC64(i), MMV_ACC64(i + 64)
@@ -290,6 +292,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
 #define MMV_REGS16 MMV_REGS8 ", %8, %9, %10, %11, %12, %13, %14, %15"
 #define MMV_REGS32 \
   MMV_REGS16 ", %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define MMV_REGS40 MMV_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39"
+#define MMV_REGS48 MMV_REGS40 ", %40, %41, %42, %43, %44, %45, %46, %47"
 #define MMV_REGS64 \
   MMV_REGS32 ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47" \
              ", %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
@@ -322,8 +326,8 @@ __device__ __forceinline__ void fence_registers(float (&d)[N]) {
   }
 
 // D[64 x N] (+)= A[64 x 16] B[16 x N] for one warpgroup, float accumulation. The block tiles use
-// N = 64, 128, 192 or 256 (320 as 256 + 64), and 160 or 192 tokens when the output is computed
-// transposed; the skinny rung puts up to 64 tokens in N. `accumulate` false overwrites D
+// N = 64, 128, 192 or 256 (320 as 256 + 64), and 80, 96, 160 or 192 tokens when the output is
+// computed transposed; the skinny rung puts up to 64 tokens in N. `accumulate` false overwrites D
 // (the first step of a tile). kTransA / kTransB: A is M-major / B is N-major.
 template <int N, bool kBf16, bool kTransA, bool kTransB>
 __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc, uint64_t b_desc,
@@ -338,6 +342,10 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc,
     MMV_WGMMA_N(32, MMV_REGS16, MMV_ACC16(0), 16, 17, 18, 19, 20)
   } else if constexpr (N == 64) {
     MMV_WGMMA_N(64, MMV_REGS32, MMV_ACC32(0), 32, 33, 34, 35, 36)
+  } else if constexpr (N == 80) {
+    MMV_WGMMA_N(80, MMV_REGS40, MMV_ACC40(0), 40, 41, 42, 43, 44)
+  } else if constexpr (N == 96) {
+    MMV_WGMMA_N(96, MMV_REGS48, MMV_ACC48(0), 48, 49, 50, 51, 52)
   } else if constexpr (N == 128) {
     MMV_WGMMA_N(128, MMV_REGS64, MMV_ACC64(0), 64, 65, 66, 67, 68)
   } else if constexpr (N == 160) {
@@ -345,7 +353,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc,
   } else if constexpr (N == 192) {
     MMV_WGMMA_N(192, MMV_REGS96, MMV_ACC96(0), 96, 97, 98, 99, 100)
   } else {
-    static_assert(N == 256, "N is 8, 16, 32, 64, 128, 160, 192 or 256 here");
+    static_assert(N == 256, "N is 8, 16, 32, 64, 80, 96, 128, 160, 192 or 256 here");
     MMV_WGMMA_N(256, MMV_REGS128, MMV_ACC128(0), 128, 129, 130, 131, 132)
   }
 }
