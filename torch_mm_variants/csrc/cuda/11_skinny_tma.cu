@@ -74,9 +74,9 @@ constexpr int kThreads = 128 + 32;       // the consumer warpgroup, then the pro
 constexpr int kMaxSplits = 8;  // the largest portable cluster
 // The ring's shape: boxes per stage, each one swizzle row of k (more make longer runs of each
 // weight row per stage), and the shared memory of a block in its two sizes: 96 KB, two blocks per
-// SM, or 192 KB, one block per SM with a ring twice as deep. The host takes whichever leaves the least k for the
-// busiest SM to stream (plan() below). MM_VARIANTS_SKINNY_TMA, predefined, overrides them for a
-// sweep.
+// SM, or 192 KB, one block per SM with a ring twice as deep. The host takes whichever leaves the
+// least k for the busiest SM to stream (plan() below). MM_VARIANTS_SKINNY_TMA, predefined,
+// overrides them for a sweep.
 #ifndef MM_VARIANTS_SKINNY_TMA  // BOXES, SHARED_SMEM_KB, ALONE_SMEM_KB
 #define MM_VARIANTS_SKINNY_TMA 2, 96, 192
 #endif
