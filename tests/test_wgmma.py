@@ -132,7 +132,7 @@ def test_every_split_count(dtype, a_layout, b_layout):
 # Outputs of few tiles: K split over clusters on a GPU of 132 SMs (narrow tiles in 2, 8 and 8
 # splits). K keeps contiguous rows 16-byte aligned (TMA's need; other views run rung 8) and leaves
 # a K tail of 8 in the last split.
-SPLIT_SHAPES = [(256, 4096, 4096), (136, 264, 4104), (100, 1000, 4104)]
+SPLIT_SHAPES = [(256, 4096, 4104), (136, 264, 4104), (100, 1000, 4104)]
 
 
 def wgmma_launches(run):
@@ -191,14 +191,16 @@ def test_split_k_takes_the_split_path():
 
 # Mid-size outputs and the launch grid (blocks, splits) and cluster (1 alone, 2 in pairs along M)
 # each takes on a GPU of 132 SMs: narrow 128 x 128 tiles in two splits (2 tile rows x 32 columns,
-# a K tail of 8 in the last split), in eight (8 tiles) and in three (32 tiles: three quarters of
-# the SMs), all unpaired; past K = 8192 wide tiles, split 8 ways unpaired over an odd count of
+# a K tail of 8 in the last split) and in eight (8 tiles), unpaired; 128 x 64 tiles in two splits
+# (2 x 32 and 3 x 16 of them, half a wave or less, where their blocks have less work than narrow
+# or wide tiles' splits); past K = 8192 wide tiles, split 8 ways unpaired over an odd count of
 # tile rows (3) and 4 ways in pairs over 2 rows; narrow tiles filling most SMs in one wave,
 # unpaired (3 x 40; 2 x 55, too short a K for pairs over a partial wave; 3 x 32 full rows: 73% of
 # the SMs); 128 x 192 tiles over 3 rows (3 x 40), unpaired; and wide tiles unpaired where pairs
 # would need a second wave (3 x 43).
 PLAN_SHAPES = [((200, 4000, 4104), (64, 2, 1)), ((128, 1024, 4096), (8, 8, 1)),
-               ((256, 2048, 8192), (32, 3, 1)), ((300, 1000, 8200), (12, 8, 1)),
+               ((256, 2048, 8192), (64, 2, 1)), ((300, 1000, 8200), (48, 2, 1)),
+               ((300, 640, 8200), (9, 8, 1)),
                ((256, 1000, 8200), (8, 4, 2)), ((300, 5000, 200), (120, 1, 1)),
                ((256, 7000, 320), (110, 1, 1)), ((384, 4096, 4096), (96, 1, 1)),
                ((300, 7680, 136), (120, 1, 1)), ((320, 11008, 256), (129, 1, 1))]
@@ -267,13 +269,18 @@ TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1), 2)),
 # K is short and the wave partial, with an odd N (C rows TMA cannot store) and without; 6 x 22 in
 # 66 pairs sharing B over a long K with a K tail, odd N; 18 x 12 over two waves of the persistent
 # grid, unpaired, K of four steps. 128 x 64 tiles, unpaired, for outputs that fit one wave of
-# them: 8 x 16, and 2 x 16 with an odd N and a K tail.
+# them: 8 x 16, and 2 x 16 with an odd N and a K tail; where narrow tiles would split K: 2 x 64
+# of them (K = 4096), and one row of 128 over a long K with a tail; and split in three: one row
+# of 33, a K tail in the last split.
 BETWEEN_SHAPES = [((1500, 1501, 1000), ("TileShape<192, 4, false>", (96, 1, 1), 1)),
                   ((1500, 1504, 1000), ("TileShape<192, 4, false>", (96, 1, 1), 1)),
                   ((700, 4099, 4104), ("TileShape<192, 4, false>", (132, 1, 1), 2)),
                   ((2304, 2304, 200), ("TileShape<192, 4, false>", (132, 1, 1), 1)),
                   ((1000, 1000, 1000), ("TileShape<64, 8, false>", (128, 1, 1), 1)),
-                  ((129, 1001, 65), ("TileShape<64, 8, false>", (32, 1, 1), 1))]
+                  ((129, 1001, 65), ("TileShape<64, 8, false>", (32, 1, 1), 1)),
+                  ((256, 4096, 4096), ("TileShape<64, 8, false>", (128, 1, 1), 1)),
+                  ((100, 8192, 8200), ("TileShape<64, 8, false>", (128, 1, 1), 1)),
+                  ((100, 2112, 4104), ("TileShape<64, 8, false>", (33, 3, 1), 1))]
 
 
 @needs_sm90

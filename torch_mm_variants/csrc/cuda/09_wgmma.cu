@@ -19,7 +19,10 @@
 //   carry "stage full" (TMA transaction bytes) and "stage free" (one arrival per consumer warp).
 //   setmaxnreg moves registers from the producer, which needs few, to the consumers.
 // - Persistent grid: one block per SM walks output tiles in grouped order (grouped_tile), so the
-//   producer loads the next tile's stages while the consumers store the previous one.
+//   producer loads the next tile's stages while the consumers store the previous one. Each launch
+//   is a programmatic dependent launch: its blocks set up their barriers while the kernel before
+//   them finishes (when that kernel lets them, as this one does), which hides most of a launch's
+//   fixed cost between back-to-back products.
 // - Clusters: two blocks on neighbouring SMs take the two 128-row halves of a 256 x 256 tile and
 //   share its B tile: each copies half of it and TMA multicasts the half into both blocks' shared
 //   memory, so a block reads 32 KB of L2 per stage instead of 48 (with 128 x 320 tiles, 36 of 56).
@@ -44,7 +47,9 @@
 // - Tile shapes in between: 128 x 192 tiles where they take fewer waves than 128 x 256 ones
 //   (e.g. 1536^3: 96 tiles of 192 in one wave, where 72 of 256 leave 60 SMs idle and still take
 //   as long), and 128 x 64 tiles for outputs that fit one wave of them (squares up to 1024): more
-//   SMs at work on the few K steps that small products have.
+//   SMs at work on the few K steps that small products have, and on a K of up to 4096 where
+//   narrow tiles would split it (e.g. 256 tokens against a 4096 x 4096 weight), or split in two
+//   where 64 of them make half a wave.
 // - Operands read once: where one cluster alone reads an operand's tiles (B when the output has
 //   one group of tile rows, A when it has one tile column: a few hundred tokens against an
 //   nn.Linear weight), the copies mark its lines evict-first in L2, as rung 11 does for decode.
@@ -556,8 +561,8 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
       store_tile<S>(acc, epi, c, ldc, M, N, origin.x + consumer * 64, origin.y);
     }
   }
-  // Shared memory must outlive the stores that read it.
-  if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait_all();
+  // Shared memory must outlive the stores that read it; their writes to C complete with the grid.
+  if (c_map != nullptr && threadIdx.x % 128 == 0) hopper::tma_store_wait_read<0>();
 }
 
 // kCluster: blocks per cluster along M (1 or 2), sharing each B tile through TMA multicast. With
@@ -606,6 +611,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   } else {
     hopper::cluster_sync();
   }
+  // Launched early (a programmatic dependent launch), the block has set up its shared memory
+  // while the kernel before it finished; global memory is touched only from here on. All of this
+  // grid's blocks are resident at once, so the next kernel may start placing its blocks on the
+  // SMs that ours leave.
+  hopper::wait_for_previous_grid();
+  hopper::allow_next_grid();
 
   const int warpgroup = threadIdx.x / 128;
   if (warpgroup == 0) {
@@ -687,7 +698,7 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   if (splits > 1) {
     KernelLaunch split_launch(dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits),
                               kThreads, S::kSmemBytes);
-    split_launch.in_clusters(dim3(kCluster, splits));
+    split_launch.in_clusters(dim3(kCluster, splits)).starting_early(true);
     return split_launch.run(kernel, a_map, a_tail_map, b_map, c_map, tma_store, epi, g.c, g.ldc,
                             g.M, g.N, g.K, steps_per_split);
   }
@@ -697,7 +708,7 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   const int64_t clusters = std::min<int64_t>(cluster_tiles, resident);
   KernelLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)), kThreads,
                                  S::kSmemBytes);
-  persistent_launch.in_clusters(dim3(kCluster));
+  persistent_launch.in_clusters(dim3(kCluster)).starting_early(true);
   persistent_launch.run(kernel, a_map, a_tail_map, b_map, c_map, tma_store, epi, g.c, g.ldc, g.M,
                         g.N, g.K, steps_per_split);
 }
@@ -836,6 +847,20 @@ std::optional<KSplit> narrow_split(const G& g, int sms) {
   return k_split<S, 1, G, Epi>(g, tiles, split_limit(tiles, sms));
 }
 
+// 128 x 64 tiles split K where they fill between a quarter and half of the SMs, in split_limit
+// splits. Taken in place of the narrow or wide tiles' split where a block has no more work (tile
+// columns times K steps): on the H100 (bf16, nn.Linear layout, both timings of bench_skinny.py,
+// two rounds), 128 tokens against 4096 weight rows and 256 against 2048 (64 tiles in 2 splits)
+// ran 1.04-1.17 times as fast as the narrow or wide splits they replaced at K = 4096-14336,
+// including where the two estimates tie (4096 x 14336: wide tiles in 8 splits) and the fewer
+// splits cost less to add up.
+template <class G, class Epi>
+std::optional<KSplit> slim_split(const G& g, int sms) {
+  const int64_t tiles = tile_count<SlimTile>(g.M, g.N);
+  if (4 * tiles < sms || 2 * tiles > sms) return std::nullopt;
+  return k_split<SlimTile, 1, G, Epi>(g, tiles, split_limit(tiles, sms));
+}
+
 // The nn.Linear product as C^T = W X^T (see TileShape): the weight as the M operand.
 template <class G>
 G transposed(const G& g) {
@@ -916,22 +941,31 @@ bool launch_transposed_split_if_faster(const G& g, const Epi& epi, int sms, doub
 // narrow_split takes them, otherwise wide tiles (up to 8 splits; at K = 14336 narrow ones
 // in two splits ran from 6% slower to 3% faster, and the wide tiles read less L2), paired where
 // the rows pair up evenly: at 320 and 384 tokens, K = 14336, unpaired ones in two splits ran
-// 1.3-1.8 times as fast as pairs in two or three. In the nn.Linear layout, transposed tiles
-// split K instead where they take less time. Returns whether it launched.
+// 1.3-1.8 times as fast as pairs in two or three. 128 x 64 tiles split instead where slim_split
+// gives their blocks no more work. In the nn.Linear layout, transposed tiles split K in place of
+// wide tiles where they take less time; they are weighed against wide tiles only, as they were
+// measured, before the 128 x 64 tiles. Returns whether it launched.
 template <class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
   if (ceil_div(g.K, BK) < kMinStepsToSplit) return false;
+  const std::optional<KSplit> slim = slim_split<G, Epi>(g, sms);
+  const auto launch_slim = [&] {
+    launch<SlimTile, 1>(g, epi, slim->per_split);
+    return true;
+  };
   if (const std::optional<KSplit> narrow = narrow_split<G, Epi>(g, sms)) {
+    if (slim && slim->cost <= narrow->cost) return launch_slim();
     launch<NarrowTile, 1>(g, epi, narrow->per_split);
     return true;
   }
   const bool pairs = rows_pair_evenly(g.M);
   const std::optional<KSplit> wide =
       pairs ? wide_split<2, G, Epi>(g, sms) : wide_split<1, G, Epi>(g, sms);
-  if (!wide) return false;
+  if (!wide) return slim && launch_slim();
   if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
     if (launch_transposed_split_if_faster(g, epi, sms, wide->cost)) return true;
   }
+  if (slim && slim->cost <= wide->cost) return launch_slim();
   if (pairs) {
     launch<WideTile, 2>(g, epi, wide->per_split);
   } else {
@@ -1035,6 +1069,21 @@ bool narrow_tiles_fill(int64_t M, int64_t N, int sms) {
   return tiles <= sms && (wave_efficiency(tiles, sms) >= 0.8 || data_fill >= 0.7);
 }
 
+// Whether 128 x 64 tiles in one wave take the output over all of K where narrow tiles would split
+// it: where the tiles holding data fill 70% of the SMs and K is at most kMinStepsToSplit steps, or
+// the output has one tile row. A split's partial tiles cost more to add up than such short K
+// ranges save. On the H100 (bf16, nn.Linear layout, both timings of bench_skinny.py, two rounds)
+// they ran 1.0-1.15 times as fast as the splits they replaced at 192-256 tokens against 4096
+// weight rows, 384-512 against 2048 and 768 against 1024 (K = 4096), and at 128 tokens against
+// 8192 rows up to K = 14336; over longer K with more tile rows, up to 1.3 times as long.
+bool slim_tiles_fill(int64_t M, int64_t N, int64_t K, int sms) {
+  const int64_t tiles = tile_count<SlimTile>(M, N);
+  const double data_tiles =
+      static_cast<double>(M) / BM * static_cast<double>(ceil_div(N, SlimTile::BN));
+  const bool short_k = ceil_div(K, BK) <= kMinStepsToSplit;
+  return tiles <= sms && data_tiles >= 0.7 * sms && (short_k || M <= BM);
+}
+
 // The tile shapes of outputs run in whole tiles over all of K.
 enum class Tiles { kNarrow, kMid, kWide, kWider };
 
@@ -1096,8 +1145,9 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
 }
 
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
-// 14336-row weight: 6-9% faster than wide tiles split two ways, H100). Then outputs that leave
-// at least half the SMs without a wide tile split K (launch_split). Outputs that fit one wave of
+// 14336-row weight: 6-9% faster than wide tiles split two ways, H100), then 128 x 64 tiles where
+// slim_tiles_fill says so. Then outputs that leave at least half the SMs without a wide tile split
+// K (launch_split). Outputs that fit one wave of
 // 128 x 64 tiles run in those, unpaired: more SMs share the few K steps of a small product (H100,
 // bf16, outputs of one such wave: squares of 256-1024, and 128-768 rows against 1024-8192 columns
 // at K = 1024-2048, 1.06-1.21 times as fast as narrow tiles; 64 x 8192 x 2048 even; pairs were
@@ -1108,6 +1158,7 @@ template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
+  if (slim_tiles_fill(g.M, g.N, g.K, sms)) return launch_tiles<SlimTile>(g, epi, false);
   if (launch_split(g, epi, sms)) return;
   if (tile_count<SlimTile>(g.M, g.N) <= sms) return launch_tiles<SlimTile>(g, epi, false);
   const TilePlan plan = whole_tile_plan(g.M, g.N, g.K, sms);
