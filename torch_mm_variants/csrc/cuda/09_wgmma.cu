@@ -1147,13 +1147,12 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
 // 14336-row weight: 6-9% faster than wide tiles split two ways, H100), then 128 x 64 tiles where
 // slim_tiles_fill says so. Then outputs that leave at least half the SMs without a wide tile split
-// K (launch_split). Outputs that fit one wave of
-// 128 x 64 tiles run in those, unpaired: more SMs share the few K steps of a small product (H100,
-// bf16, outputs of one such wave: squares of 256-1024, and 128-768 rows against 1024-8192 columns
-// at K = 1024-2048, 1.06-1.21 times as fast as narrow tiles; 64 x 8192 x 2048 even; pairs were
-// slower still). Otherwise whole_tile_plan, or its
-// split tail where that takes less time, or last, in the nn.Linear layout, transposed tiles
-// where their waves take less SM time than either (launch_transposed_if_faster).
+// K (launch_split). Outputs that fit one wave of 128 x 64 tiles run in those, unpaired: more SMs
+// share the few K steps of a small product (H100, bf16, outputs of one such wave: squares of
+// 256-1024, and 128-768 rows against 1024-8192 columns at K = 1024-2048, 1.06-1.21 times as fast as
+// narrow tiles; 64 x 8192 x 2048 even; pairs were slower still). Otherwise whole_tile_plan, or its
+// split tail where that takes less time, or last, in the nn.Linear layout, transposed tiles where
+// their waves take less SM time than either (launch_transposed_if_faster).
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
