@@ -2,7 +2,8 @@
 // whose blocks run at once on neighbouring SMs of one GPC, how many such clusters fit on the GPU
 // together, and programmatic dependent launches. Rung 9 pairs blocks to share B tiles and splits
 // K over a cluster for small outputs; rung 11 splits K over a cluster. Both add their split
-// partial sums through distributed shared memory. Rungs 10 and 11 start some launches early.
+// partial sums through distributed shared memory. Rung 9 starts every launch early, rungs 10 and
+// 11 some of theirs.
 #pragma once
 
 #include "common.cuh"
