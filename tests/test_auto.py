@@ -67,6 +67,24 @@ def test_saved_choices_are_reused_by_a_new_process(measured_mode):
     assert mmv.explain_auto(a, b) == {**chosen, "reason": "cached"}
 
 
+def test_deeply_nested_file_is_ignored(tmp_path):
+    """A cache file too deeply nested for the JSON parser is skipped like any unreadable one
+    (it is read at import)."""
+    path = tmp_path / "nested.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    try:
+        assert tuning.load_cache(path) == 0
+    finally:
+        tuning.clear()
+
+
+def test_empty_products_of_huge_sizes():
+    """Sizes past 2^62 share the last bucket: auto answers at once, as torch.mm does."""
+    a, b = torch.empty(0, 2**62 + 1), torch.empty(2**62 + 1, 0)
+    assert mmv.matmul(a, b).shape == (0, 0)
+    assert mmv.explain_auto(a, b)["bucket"].endswith(f"x{2**62}")
+
+
 def test_unknown_names_in_the_file_are_ignored(tmp_path):
     a, b = torch.randn(8, 8), torch.randn(8, 8)
     bucket = mmv.explain_auto(a, b)["bucket"]

@@ -39,6 +39,14 @@ def test_parse_size():
     assert bench.parse_size("1x4096x14336") == (1, 4096, 14336)
 
 
+@pytest.mark.parametrize("sizes", ["16x8", "abc", "0", "4x-2x3"])
+def test_bad_sizes_get_a_usage_error(sizes, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cpu", "--sizes", sizes])
+    assert exit_info.value.code == 2  # argparse's usage error, not a traceback
+    assert "--sizes" in capsys.readouterr().err
+
+
 def test_bench_rounds_summarize_the_spread(tmp_path, capsys):
     out = tmp_path / "rows.json"
     assert bench.main(["--device", "cpu", "--sizes", "24", "--algorithms", "naive,parallel",

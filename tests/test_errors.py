@@ -30,6 +30,22 @@ def test_shapes_cannot_be_multiplied():
         mmv.matmul(torch.randn(2, 3), torch.randn(4, 5))
 
 
+@pytest.mark.parametrize("to_layout", [torch.Tensor.to_sparse, torch.Tensor.to_sparse_csr,
+                                       torch.Tensor.to_mkldnn], ids=["coo", "csr", "mkldnn"])
+def test_non_strided_operands_are_refused_by_name(to_layout):
+    x, w = torch.randn(3, 4), torch.randn(5, 4)
+    message = r"must be a dense \(strided\) tensor, got layout .*; convert it with .to_dense\(\)"
+    with raises(r"linear: weight " + message):
+        mmv.linear(x, to_layout(w))
+    with raises(r"linear: x " + message):
+        mmv.linear(to_layout(x), w)
+    with raises(r"linear: bias " + message):
+        mmv.linear(x, w, to_layout(torch.randn(5)) if to_layout is not torch.Tensor.to_sparse_csr
+                   else torch.randn(5).to_sparse())  # CSR needs two dimensions
+    with raises(r"bmm: b " + message):
+        mmv.matmul(torch.randn(2, 3, 4), to_layout(w.t().contiguous()))
+
+
 def test_different_dtypes():
     with raises(r"same dtype, but got: Float != Double"):
         mmv.matmul(torch.randn(2, 3), torch.randn(3, 4, dtype=torch.float64))

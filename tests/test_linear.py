@@ -94,6 +94,32 @@ def test_fused_epilogue_edges_and_layouts(device, algorithm, dtype, activation):
         check_linear(x, weight, misaligned_bias, activation, algorithm)
 
 
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_relu_keeps_nan(device, algorithm, dtype):
+    """relu(NaN) is NaN, as in torch.relu, whether the rung fuses it into its stores or not: a
+    diverging layer must not look healthy. Rows of 72 elements are 16-byte aligned, so the TMA
+    rung takes them too."""
+    torch.manual_seed(0)
+    weight = torch.randn(37, 72, device=device).to(dtype)
+    x = torch.randn(5, 72, device=device).to(dtype)
+    x[1, 3] = float("nan")
+    result = run_accepted(algorithm, x, weight.t(),
+                          lambda: mmv.linear(x, weight, None, "relu", algorithm))
+    if result is not None:
+        assert torch.isnan(result[0][1]).all()
+        assert not torch.isnan(result[0][[0, 2, 3, 4]]).any()
+
+
+@pytest.mark.parametrize("device", devices())
+def test_relu_gradient_where_the_unit_is_off_is_zero(device):
+    """Even for an infinite output gradient, as torch.relu's backward gives: it selects, not
+    multiplies (inf * 0 would be NaN)."""
+    x = torch.tensor([[-1.0, 2.0]], device=device, requires_grad=True)
+    w = torch.tensor([[1.0, 0.0]], device=device)
+    mmv.linear(x, w, None, "relu").backward(torch.tensor([[float("inf")]], device=device))
+    assert torch.equal(x.grad, torch.zeros_like(x))
+
+
 @pytest.mark.parametrize("device", devices())
 def test_larger_and_transposed_inputs(device):
     torch.manual_seed(0)

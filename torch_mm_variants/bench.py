@@ -56,7 +56,12 @@ class Row:
 
 def parse_size(text: str) -> tuple[int, int, int]:
     """'4096' -> (4096, 4096, 4096); 'MxNxK' -> (M, N, K)."""
-    parts = [int(p) for p in text.lower().split("x")]
+    try:
+        parts = [int(p) for p in text.lower().split("x")]
+    except ValueError:
+        parts = []
+    if parts and min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"size {text!r} has a dimension below 1")
     if len(parts) == 1:
         return parts[0], parts[0], parts[0]
     if len(parts) == 3:
@@ -239,6 +244,11 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
+    if args.sizes is not None:
+        try:
+            args.sizes = [parse_size(text) for text in args.sizes.split(",")]
+        except argparse.ArgumentTypeError as error:
+            p.error(f"--sizes {args.sizes!r}: {error}")
     return args
 
 
@@ -252,7 +262,7 @@ def main(argv=None) -> int:
         torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = DTYPES[args.dtype]
-    sizes = [parse_size(s) for s in (args.sizes or ("4096" if device.type == "cuda" else "1024")).split(",")]
+    sizes = args.sizes or [parse_size("4096" if device.type == "cuda" else "1024")]
     available = mmv.algorithms(device)
     if not available:
         sys.exit(f"torch_mm_variants.bench: this build has no kernels for {device}")

@@ -36,7 +36,7 @@ def load_cache(path: Path | None = None) -> int:
     _C.set_tuning_file(str(path) if _C.autotune_enabled() else "")
     try:
         entries = json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # unreadable, or not JSON we can parse
         return 0
     entries = {str(k): str(v) for k, v in entries.items()} if isinstance(entries, dict) else {}
     _C.add_tuned_entries(entries)

@@ -38,8 +38,9 @@ std::atomic<bool>& autotune_flag() {
 
 // Shapes within a factor of two share a choice: each dimension is rounded up to a power of two.
 int64_t bucket_of(int64_t x) {
+  constexpr int64_t kLargest = int64_t{1} << 62;  // sizes past it share the last bucket
   int64_t b = 1;
-  while (b < x) b <<= 1;
+  while (b < x && b < kLargest) b <<= 1;
   return b;
 }
 

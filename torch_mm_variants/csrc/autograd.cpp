@@ -82,7 +82,7 @@ at::Tensor as_rows(const at::Tensor& t) { return t.dim() > 1 ? t.flatten(0, -2) 
 at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activation activation) {
   switch (activation) {
     case Activation::kRelu:
-      return grad * (pre > 0).to(grad.scalar_type());
+      return at::threshold_backward(grad, pre, 0);  // selects: inf * 0 would be NaN
     case Activation::kSilu: {
       const at::Tensor s = at::sigmoid(pre);
       return grad * s * (1 + pre * (1 - s));

@@ -17,6 +17,8 @@ namespace mm_variants {
 namespace {
 
 void check_bmm_inputs(const at::Tensor& a, const at::Tensor& b) {
+  check_strided("mm_variants::bmm", "a", a);
+  check_strided("mm_variants::bmm", "b", b);
   TORCH_CHECK(a.dim() == 3, "mm_variants::bmm: a must be a batch of matrices [B, M, K], got a ",
               a.dim(), "-D tensor");
   TORCH_CHECK(b.dim() == 3 || b.dim() == 2,

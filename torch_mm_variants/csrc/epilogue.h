@@ -29,7 +29,7 @@ template <typename A>
 inline A activate(A x, Activation activation) {
   switch (activation) {
     case Activation::kRelu:
-      return x > A(0) ? x : A(0);
+      return x < A(0) ? A(0) : x;  // NaN stays NaN, as in torch.relu
     case Activation::kGelu:
       return A(0.5) * x * (A(1) + std::erf(x * A(0.70710678118654752440)));
     case Activation::kGeluTanh:

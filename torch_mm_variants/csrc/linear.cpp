@@ -18,6 +18,9 @@ namespace {
 
 void check_linear_inputs(const at::Tensor& x, const at::Tensor& weight,
                          const c10::optional<at::Tensor>& bias) {
+  check_strided("mm_variants::linear", "x", x);
+  check_strided("mm_variants::linear", "weight", weight);
+  if (bias.has_value()) check_strided("mm_variants::linear", "bias", *bias);
   TORCH_CHECK(weight.dim() == 2, "mm_variants::linear: weight must be a matrix [N, K], got a ",
               weight.dim(), "-D tensor");
   TORCH_CHECK(x.dim() >= 1, "mm_variants::linear: x must have at least one dimension");

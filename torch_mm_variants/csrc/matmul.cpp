@@ -32,7 +32,18 @@ void check_floating(c10::ScalarType dtype) {
               "; supported: Float, Half, BFloat16 (and Double on the CPU)");
 }
 
+}  // namespace
+
+void check_strided(const char* op, const char* name, const at::Tensor& t) {
+  TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, "
+              "got layout ", t.layout(), "; convert it with .to_dense()");
+}
+
+namespace {
+
 void check_inputs(const at::Tensor& a, const at::Tensor& b) {
+  check_strided("mm_variants::matmul", "a", a);
+  check_strided("mm_variants::matmul", "b", b);
   TORCH_CHECK(a.dim() == 2, "mm_variants::matmul: a must be a matrix, got a ", a.dim(),
               "-D tensor");
   TORCH_CHECK(b.dim() == 2, "mm_variants::matmul: b must be a matrix, got a ", b.dim(),

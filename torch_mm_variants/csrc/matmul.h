@@ -19,6 +19,10 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view alg
 const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
                                    c10::string_view algorithm);
 
+// Refuses a sparse, mkldnn or other non-strided tensor by name: the kernels read strided memory.
+// `op` and `name` say where it was passed, e.g. ("mm_variants::linear", "weight").
+void check_strided(const char* op, const char* name, const at::Tensor& t);
+
 // Whether algorithm `name` takes these valid inputs, and if not, the reason it gives.
 std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const at::Tensor& a,
                                                 const at::Tensor& b);

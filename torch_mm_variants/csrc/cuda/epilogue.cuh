@@ -12,7 +12,7 @@ namespace mm_variants::cuda {
 template <Activation A>
 __device__ __forceinline__ float activate(float x) {
   if constexpr (A == Activation::kRelu) {
-    return x > 0.0f ? x : 0.0f;
+    return x < 0.0f ? 0.0f : x;  // NaN stays NaN, as in torch.relu
   } else if constexpr (A == Activation::kGelu) {
     return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f));
   } else if constexpr (A == Activation::kGeluTanh) {
