@@ -63,7 +63,8 @@
 // and K is long or the waves full: pairing_pays); 128 x 320 with 3 stages (each k16 step a wgmma of
 // N = 256 and one of N = 64) where N divides into them with fewer waves of tiles, as on an
 // nn.Linear weight of 14336 rows; 128 x 192 with 4 stages and 128 x 64 with 8; transposed, 128 x
-// 160 with 5 stages and 128 x 192 with 4, and for K splits 128 x 80 with 7 and 128 x 96 with 6.
+// 160 with 5 stages and 128 x 192 with 4, for K splits 128 x 80 with 7, and 128 x 96 with 6 (in
+// K splits, and in one wave over all of K where the tokens fill them).
 // fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
 // dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
 // tile while the copy engine writes the last one.
@@ -1084,6 +1085,26 @@ bool slim_tiles_fill(int64_t M, int64_t N, int64_t K, int sms) {
   return tiles <= sms && data_tiles >= 0.7 * sms && (short_k || M <= BM);
 }
 
+// Whether the nn.Linear product runs transposed in one wave of 128 x 96 tiles (the weight's rows by
+// 96 tokens), unpaired, over all of K: where those tiles fill 70% of the SMs and the tokens fill
+// their tiles (95%), and the product would otherwise split a K of at most kMinStepsToSplit steps,
+// or run narrow tiles in one wave (whose blocks have a third more work) over at most twice that.
+// On the H100 (bf16, nn.Linear layout, both timings, two rounds) they took 0.80-1.00 of the time
+// of the plans they replaced (0.94 on average) at 288-1536 tokens against weights of 1024-4096
+// rows, K = 1024-8192 (384 x 4096 x 4096: 0.76x to 0.82x of torch.mm back to back, 0.88x to 0.92x
+// with L2 cleared), but 0.99-1.05 at K = 14336. Pairs sharing the tokens' tile ran slower than
+// single blocks (L2 holds the tokens), as did pairs of 80-token tiles, and 96-token tiles whose
+// last one holds a third of its tokens (320) lost to the plans they would replace.
+bool token_tiles_fill(int64_t M, int64_t N, int64_t K, int sms) {
+  using S = Tokens96Tile;
+  const int64_t token_tiles = ceil_div(M, S::BN), tiles = token_tiles * ceil_div(N, BM);
+  const bool tokens_fill = M >= 0.95 * static_cast<double>(token_tiles * S::BN);
+  const int64_t k_steps = ceil_div(K, BK);
+  const bool replaces_split = k_steps <= kMinStepsToSplit;
+  const bool replaces_narrow = k_steps <= 2 * kMinStepsToSplit && narrow_tiles_fill(M, N, sms);
+  return tiles <= sms && tiles >= 0.7 * sms && tokens_fill && (replaces_split || replaces_narrow);
+}
+
 // The tile shapes of outputs run in whole tiles over all of K.
 enum class Tiles { kNarrow, kMid, kWide, kWider };
 
@@ -1144,6 +1165,7 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
   }
 }
 
+// In the nn.Linear layout, one wave of transposed 96-token tiles where token_tiles_fill says so.
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
 // 14336-row weight: 6-9% faster than wide tiles split two ways, H100), then 128 x 64 tiles where
 // slim_tiles_fill says so. Then outputs that leave at least half the SMs without a wide tile split
@@ -1156,6 +1178,11 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
+    if (token_tiles_fill(g.M, g.N, g.K, sms)) {
+      return launch_tiles<Tokens96Tile>(transposed(g), epi, false);
+    }
+  }
   if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
   if (slim_tiles_fill(g.M, g.N, g.K, sms)) return launch_tiles<SlimTile>(g, epi, false);
   if (launch_split(g, epi, sms)) return;
