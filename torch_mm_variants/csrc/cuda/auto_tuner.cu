@@ -32,7 +32,9 @@ std::vector<double> time_on_gpu(const std::vector<const Algorithm*>& candidates,
   // the events time and the capture check asks about the current stream of the current device,
   // which must be the inputs'.
   const c10::cuda::CUDAGuard guard(a.device());
-  // Timing synchronizes, which graph capture forbids: report "not now" instead.
+  // Timing synchronizes, which graph capture forbids: report "not now" instead. CUDA tells
+  // whether a stream is capturing, not whether any is, so a call on a stream outside a capture
+  // still measures, as cudnn.benchmark does (the README says so).
   if (c10::cuda::currentStreamCaptureStatusMayInitCtx() != c10::cuda::CaptureStatus::None) {
     return {};
   }
