@@ -1179,8 +1179,8 @@ template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
-    if (token_tiles_fill(g.M, g.N, g.K, sms)) {  // unpaired: no paired kernel is built for it
-      return launch<Tokens96Tile, 1>(transposed(g), epi, static_cast<int>(ceil_div(g.K, BK)));
+    if (token_tiles_fill(g.M, g.N, g.K, sms)) {
+      return launch_tiles<Tokens96Tile>(transposed(g), epi, false);
     }
   }
   if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
