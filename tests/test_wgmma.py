@@ -249,25 +249,27 @@ TAIL_SHAPES = [((380, 12000, 4104), [((132, 1, 1), 1), ((9, 8, 1), 1)]),
 # and a K tail; 192 tokens in one tile of 192 over 112 weight tiles, in pairs; 640 tokens in four
 # tiles of 160 over 33 weight tiles, unpaired, since 17 pairs a column would take a second wave.
 # Where wide tiles would split K, few enough transposed tiles to fit half the SMs split it instead:
-# 320 tokens in two tiles of 160 over 32 weight tiles, in 2 splits; 160 tokens over 32 weight
-# tiles with an odd N and a K tail in the last of 3 splits; 352 tokens in two tiles of 192; 224
+# 160 tokens over 32 weight tiles with an odd N and a K tail in the last of 3 splits; 352 tokens in two tiles of 192; 224
 # tokens in three tiles of 80 and 256 in three of 96, over 8 weight tiles (the last partial), in 4
 # splits with a K tail. Tiles of 96 tokens run in one wave, unpaired, where they fill most SMs
 # and the tokens fill them: 384 tokens over 32 weight tiles (narrow tiles' one wave otherwise);
 # 288 over 32 with an odd N and a K tail, where K is short (a split otherwise); 768 over 16 with
-# K = 8184 (a tail), where narrow tiles would take one wave.
+# K = 8184 (a tail), where narrow tiles would take one wave. Where 96-token tiles leave a third
+# of a tile empty and 128 x 64 tiles would not fill the wave, tiles of 80 tokens: 320 over 32
+# weight tiles (a split of 160-token tiles otherwise), and 312 with an odd N and a K tail.
 TRANSPOSED_SHAPES = [((300, 7000, 320), ("TileShape<160", (112, 1, 1), 2)),
                      ((300, 7001, 4104), ("TileShape<160", (112, 1, 1), 2)),
                      ((192, 14336, 256), ("TileShape<192", (112, 1, 1), 2)),
                      ((640, 4224, 320), ("TileShape<160", (132, 1, 1), 1)),
-                     ((320, 4096, 4096), ("TileShape<160", (64, 2, 1), 1)),
                      ((160, 4001, 8200), ("TileShape<160", (32, 3, 1), 1)),
                      ((352, 4096, 4096), ("TileShape<192", (64, 2, 1), 1)),
                      ((224, 1000, 8200), ("TileShape<80", (24, 4, 1), 1)),
                      ((256, 1000, 8200), ("TileShape<96", (24, 4, 1), 1)),
                      ((384, 4096, 4096), ("TileShape<96", (128, 1, 1), 1)),
                      ((288, 4001, 4088), ("TileShape<96", (96, 1, 1), 1)),
-                     ((768, 2048, 8184), ("TileShape<96", (128, 1, 1), 1))]
+                     ((768, 2048, 8184), ("TileShape<96", (128, 1, 1), 1)),
+                     ((320, 4096, 4096), ("TileShape<80", (128, 1, 1), 1)),
+                     ((312, 4001, 4088), ("TileShape<80", (128, 1, 1), 1))]
 
 
 # Outputs that take the tile shapes between narrow and wide, with the tiles, grids and clusters
