@@ -127,6 +127,26 @@ def test_gradcheck(shared):
     assert torch.autograd.gradgradcheck(fn, (a, b))
 
 
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("shared", [False, True])
+@pytest.mark.parametrize("wanted", ["a", "b"])
+def test_gradient_of_one_operand(device, shared, wanted):
+    """Where only one operand requires grad (the other saved for nothing), its gradient matches
+    torch.matmul's, for a per-entry b and a shared one."""
+    torch.manual_seed(0)
+    a = torch.randn(2, 5, 7, dtype=torch.float64, device=device)
+    b = torch.randn(*(() if shared else (2,)), 7, 3, dtype=torch.float64, device=device)
+    leaf = a if wanted == "a" else b
+    grad_out = torch.randn(2, 5, 3, dtype=torch.float64, device=device)
+    grads = []
+    for product in (mmv.matmul, torch.matmul):
+        x = leaf.clone().requires_grad_()
+        operands = (x, b) if wanted == "a" else (a, x)
+        grads.append(torch.autograd.grad(product(*operands), x, grad_out)[0])
+    assert grads[0].shape == leaf.shape
+    assert relative_error(grads[0], grads[1]) < 1e-12
+
+
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
 def test_gradient_values(device, algorithm, dtype):
     """The gradients of a and b against float64, on every algorithm and dtype, for a per-entry b

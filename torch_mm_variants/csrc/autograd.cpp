@@ -203,11 +203,14 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
 struct BmmFunction : torch::autograd::Function<BmmFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
                             const std::string& algorithm) {
+    // Recorded here: b itself is saved only where a's gradient needs it.
+    ctx->saved_data["b_batched"] = b.dim() == 3;
     return product_forward(ctx, bmm_op, a, b, algorithm);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto [a, b, algorithm] = saved_product(ctx);
+    const bool b_batched = ctx->saved_data["b_batched"].toBool();
     const at::Tensor& grad = grads[0];
     at::Tensor grad_a, grad_b;
     if (ctx->needs_input_grad(0)) {  // grad @ b^T, per entry (b^T shared when b is)
@@ -216,8 +219,8 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
     if (ctx->needs_input_grad(1)) {
       // a^T @ grad per entry; a shared b gathers the gradient of every entry: one product over
       // all rows.
-      grad_b = b.dim() == 3 ? gradient_product(bmm_op, a.transpose(1, 2), grad, algorithm)
-                            : gradient_product(matmul_op, as_rows(a).t(), as_rows(grad), algorithm);
+      grad_b = b_batched ? gradient_product(bmm_op, a.transpose(1, 2), grad, algorithm)
+                         : gradient_product(matmul_op, as_rows(a).t(), as_rows(grad), algorithm);
     }
     return {grad_a, grad_b, at::Tensor()};
   }
