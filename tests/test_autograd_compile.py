@@ -174,6 +174,31 @@ def test_vmap_runs_batched_products(device):
     assert relative_error(leaf.grad, torch.ones(4, 3, 5, device=device) @ b.t()) < 1e-5
 
 
+def test_batched_gradients():
+    """Gradients vmapped over many output gradients at once (jacobian(vectorize=True),
+    is_grads_batched, gradcheck's batched check) match torch's, for linear and for bmm with a
+    shared b, whose backward reshapes its operands to rows."""
+    from torch.autograd.functional import jacobian
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 4, dtype=torch.float64), torch.randn(3, 4, dtype=torch.float64)
+    a = torch.randn(2, 3, 4, dtype=torch.float64)
+    linear = nn.functional.linear
+    for ours, theirs, point in [(lambda x: mmv.linear(x, w), lambda x: linear(x, w), x),
+                                (lambda w: mmv.linear(x, w), lambda w: linear(x, w), w),
+                                (lambda b: mmv.matmul(a, b), lambda b: torch.matmul(a, b), w.t())]:
+        expected = jacobian(theirs, point, vectorize=True)
+        assert relative_error(jacobian(ours, point, vectorize=True), expected) < 1e-12
+    leaf = x.clone().requires_grad_()
+    grad_outs = torch.eye(6, dtype=torch.float64).view(6, 2, 3)
+    (ours,) = torch.autograd.grad(mmv.linear(leaf, w), leaf, grad_outs, is_grads_batched=True)
+    assert relative_error(ours, grad_outs @ w) < 1e-12
+    inputs = (a.requires_grad_(), w.t().requires_grad_())
+    assert torch.autograd.gradcheck(mmv.matmul, inputs, check_batched_grad=True)
+    assert torch.autograd.gradcheck(lambda x, w: mmv.linear(x, w, activation="silu"),
+                                    (x.requires_grad_(), w.requires_grad_()),
+                                    check_batched_grad=True)
+
+
 def test_only_needed_gradients():
     """Backward computes grad_a = grad @ b^T only, where b requires grad too but only a's gradient
     is asked for: one product forward, one backward, and b gets nothing."""

@@ -75,8 +75,16 @@ at::Tensor with_tangent(at::Tensor out, const at::Tensor& tangent) {
   return out;
 }
 
-// [..., C] -> [rows, C] (also when C or the row count is 0, where reshape(-1, C) fails).
-at::Tensor as_rows(const at::Tensor& t) { return t.dim() > 1 ? t.flatten(0, -2) : t.unsqueeze(0); }
+// [..., C] -> [rows, C]. The row count is multiplied out because reshape(-1, C) cannot infer it
+// when C is 0, and flatten has no batching rule (vmapped gradients: is_grads_batched,
+// jacobian(vectorize=True)).
+at::Tensor as_rows(const at::Tensor& t) {
+  if (t.dim() < 2) return t.unsqueeze(0);
+  const c10::SymIntArrayRef sizes = t.sym_sizes();
+  c10::SymInt rows = 1;
+  for (size_t d = 0; d + 1 < sizes.size(); ++d) rows *= sizes[d];
+  return t.reshape_symint({rows, sizes.back()});
+}
 
 // grad * activation'(pre), in differentiable ATen ops (double backward works).
 at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activation activation) {
