@@ -110,6 +110,32 @@ def test_forward_mode_with_gradients_recorded(device):
         assert relative_error(param.grad, expected.grad.double()) < 1e-5
 
 
+def test_forward_over_reverse():
+    """A gradient taken with create_graph inside forward mode carries the tangent torch's ops give
+    it: d(grad_b) = da^T @ grad_out where a is dual, and gradgradcheck's forward-over-reverse
+    check (Hessian-vector products) for matmul, bmm and linear."""
+    import torch.autograd.forward_ad as fwAD
+    torch.manual_seed(0)
+    a, b = torch.randn(3, 4, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+    da = torch.randn_like(a)
+    tangents = []
+    for product in (mmv.matmul, torch.mm):
+        with fwAD.dual_level():
+            a_dual = fwAD.make_dual(a.clone().requires_grad_(), da)
+            leaf = b.clone().requires_grad_()
+            (grad_b,) = torch.autograd.grad(product(a_dual, leaf).sum(), leaf, create_graph=True)
+            tangents.append(fwAD.unpack_dual(grad_b).tangent)
+    assert tangents[0] is not None
+    assert relative_error(tangents[0], tangents[1]) < 1e-12
+    batch = torch.randn(2, 3, 4, dtype=torch.float64)
+    x, bias = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    cases = [(mmv.matmul, (a, b)), (mmv.matmul, (batch, b)), (mmv.matmul, (batch, batch.mT)),
+             (lambda *p: mmv.linear(*p, activation="gelu"), (x, b.t(), bias))]
+    for fn, inputs in cases:
+        inputs = tuple(t.clone().requires_grad_() for t in inputs)
+        assert torch.autograd.gradgradcheck(fn, inputs, check_fwd_over_rev=True)
+
+
 class ProductCounter(torch.utils._python_dispatch.TorchDispatchMode):
     """Counts the calls of each of the ops below autograd (and vmap), gradients' included:
     `products` those of matmul, `calls` all of them by name."""

@@ -11,7 +11,8 @@
 // Forward-mode AD (torch.func.jvp, jacfwd, torch.autograd.forward_ad) is handled here too: a
 // custom Function node carries no tangent, so when an input has one, the kernel computes the
 // output's tangent with the same ops (the product rule) and attaches it, as PyTorch's own
-// kernels do for their forward-mode formulas.
+// kernels do for their forward-mode formulas. The node saves the dual inputs, so its backward's
+// products get tangents too (forward over reverse).
 #include "epilogue.h"
 #include "matmul.h"
 #include "op_calls.h"
@@ -122,16 +123,26 @@ std::string gradient_algorithm(const std::string& algorithm, const at::Tensor& l
   return std::get<0>(algorithm_accepts(algorithm, l, r)) ? algorithm : "auto";
 }
 
+// The tensors a node saves for its backward: the op's inputs as they came, with their tangents.
+// A C++ Function takes no dual inputs (it has no jvp), so its inputs are the primals, and these
+// travel beside them (an argument of this type is no input of the node). Saved, they keep their
+// tangents, so the backward's products carry tangents too: forward-over-reverse (a
+// Hessian-vector product, gradgradcheck's check_fwd_over_rev) works as through torch.mm.
+struct ToSave {
+  variable_list tensors;
+};
+
 // The two products, matmul and bmm: (a, b, algorithm) -> a @ b.
 using Product = at::Tensor (*)(const at::Tensor&, const at::Tensor&, c10::string_view);
 
-// A product's forward: the product below autograd, with each operand saved only where the other
-// one's gradient needs it.
+// A product's forward: the product below autograd, with each operand (of `to_save`: a and b as
+// the op got them) saved only where the other one's gradient needs it.
 at::Tensor product_forward(AutogradContext* ctx, Product product, const at::Tensor& a,
-                           const at::Tensor& b, const std::string& algorithm) {
+                           const at::Tensor& b, const std::string& algorithm,
+                           const ToSave& to_save) {
   ctx->saved_data["algorithm"] = algorithm;
-  ctx->save_for_backward({b.requires_grad() ? a : at::Tensor(),
-                          a.requires_grad() ? b : at::Tensor()});
+  ctx->save_for_backward({b.requires_grad() ? to_save.tensors[0] : at::Tensor(),
+                          a.requires_grad() ? to_save.tensors[1] : at::Tensor()});
   const at::AutoDispatchBelowADInplaceOrView below_autograd;
   return product(a, b, algorithm);
 }
@@ -156,8 +167,8 @@ SavedProduct saved_product(AutogradContext* ctx) {
 // d(a @ b)/da = grad @ b^T and d/db = a^T @ grad, through the same op and algorithm.
 struct MatmulFunction : torch::autograd::Function<MatmulFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
-                            const std::string& algorithm) {
-    return product_forward(ctx, matmul_op, a, b, algorithm);
+                            const std::string& algorithm, const ToSave& to_save) {
+    return product_forward(ctx, matmul_op, a, b, algorithm, to_save);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -165,7 +176,7 @@ struct MatmulFunction : torch::autograd::Function<MatmulFunction> {
     at::Tensor grad_a, grad_b;
     if (ctx->needs_input_grad(0)) grad_a = gradient_product(matmul_op, grads[0], b.t(), algorithm);
     if (ctx->needs_input_grad(1)) grad_b = gradient_product(matmul_op, a.t(), grads[0], algorithm);
-    return {grad_a, grad_b, at::Tensor()};
+    return {grad_a, grad_b, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -175,10 +186,10 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
   // An absent bias is no input of the node (an optional, not an undefined tensor).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const c10::optional<at::Tensor>& bias, const std::string& activation,
-                            const std::string& algorithm) {
+                            const std::string& algorithm, const ToSave& to_save) {
     ctx->saved_data["activation"] = activation;
     ctx->saved_data["algorithm"] = algorithm;
-    ctx->save_for_backward({x, weight, bias.value_or(at::Tensor())});
+    ctx->save_for_backward(to_save.tensors);  // x, weight, bias (undefined where absent)
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     return linear_op(x, weight, bias, activation, algorithm);
   }
@@ -204,16 +215,16 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
       grad_weight = gradient_product(matmul_op, grad_rows.t(), rows, algorithm);
     }
     if (bias.defined() && ctx->needs_input_grad(2)) grad_bias = grad_rows.sum(0);
-    return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor()};
+    return {grad_x, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 struct BmmFunction : torch::autograd::Function<BmmFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& a, const at::Tensor& b,
-                            const std::string& algorithm) {
+                            const std::string& algorithm, const ToSave& to_save) {
     // Recorded here: b itself is saved only where a's gradient needs it.
     ctx->saved_data["b_batched"] = b.dim() == 3;
-    return product_forward(ctx, bmm_op, a, b, algorithm);
+    return product_forward(ctx, bmm_op, a, b, algorithm, to_save);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
@@ -230,7 +241,7 @@ struct BmmFunction : torch::autograd::Function<BmmFunction> {
       grad_b = b_batched ? gradient_product(bmm_op, a.transpose(1, 2), grad, algorithm)
                          : gradient_product(matmul_op, as_rows(a).t(), as_rows(grad), algorithm);
     }
-    return {grad_a, grad_b, at::Tensor()};
+    return {grad_a, grad_b, at::Tensor(), at::Tensor()};
   }
 };
 
@@ -243,8 +254,9 @@ at::Tensor product_autograd(Product product, const at::Tensor& a, const at::Tens
   at::Tensor out;
   if (records_gradient({a, b})) {
     // A C++ Function takes no dual inputs (it has no jvp): it gets the primals, and the tangent is
-    // attached below.
-    out = Function::apply(dual ? primal_of(a) : a, dual ? primal_of(b) : b, std::string(algorithm));
+    // attached below. It saves the duals (see ToSave).
+    out = Function::apply(dual ? primal_of(a) : a, dual ? primal_of(b) : b, std::string(algorithm),
+                          ToSave{{a, b}});
   } else {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     out = product(a, b, algorithm);
@@ -294,12 +306,12 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
   const bool dual = has_tangent({x, weight, bias_or_none});
   at::Tensor out;
   if (records_gradient({x, weight, bias_or_none})) {
-    // With tangents, the primals, as in product_autograd.
+    // With tangents, the primals, and the duals to save, as in product_autograd.
     const at::Tensor bias_in = dual ? primal_of(bias_or_none) : bias_or_none;
     out = LinearFunction::apply(
         dual ? primal_of(x) : x, dual ? primal_of(weight) : weight,
         bias_in.defined() ? c10::optional<at::Tensor>(bias_in) : c10::nullopt,
-        std::string(activation), std::string(algorithm));
+        std::string(activation), std::string(algorithm), ToSave{{x, weight, bias_or_none}});
   } else {
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
     out = linear_op(x, weight, bias, activation, algorithm);
