@@ -25,6 +25,26 @@ def test_not_a_matrix():
         mmv.matmul(torch.randn(2, 3), torch.randn(3))
 
 
+@pytest.mark.parametrize("a_shape,a_dim,b_shape,b_dim", [
+    ((3, 2, 3), 0, (3, 3), 0),  # each entry: a matrix times a vector
+    ((3, 4), 0, (3, 4, 5), 0),  # a vector times a matrix
+    ((3, 2, 4), 0, (2, 4, 5), None),  # a shared b of three dimensions
+    ((3, 2, 2, 4), 0, (4, 5), None),  # a of three dimensions (the op itself does not batch)
+    ((0, 2, 3), 0, (0, 3), 0),  # no entries: refused all the same
+])
+def test_vmap_refuses_like_eager(a_shape, a_dim, b_shape, b_dim):
+    """Under torch.vmap, matmul refuses entries that are not two matrices with eager mode's
+    message for one entry, rather than computing something else."""
+    op = torch.ops.mm_variants.matmul
+    a, b = torch.randn(a_shape), torch.randn(b_shape)
+    a_entry = a if a_dim is None else torch.empty(a_shape[1:])
+    b_entry = b if b_dim is None else torch.empty(b_shape[1:])
+    with pytest.raises(RuntimeError) as refused:
+        op(a_entry, b_entry)
+    with raises(re.escape(str(refused.value))):
+        torch.vmap(op, in_dims=(a_dim, b_dim))(a, b)
+
+
 def test_shapes_cannot_be_multiplied():
     with raises(r"shapes cannot be multiplied \(2x3 and 4x5\)"):
         mmv.matmul(torch.randn(2, 3), torch.randn(4, 5))

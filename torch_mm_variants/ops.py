@@ -118,9 +118,20 @@ def _per_entry(op, size: int, inputs, in_dims, *options) -> torch.Tensor:
     return torch.stack(outs)
 
 
+def _entry_dim(t: torch.Tensor, dim) -> int:
+    """The number of dimensions of each vmapped entry of t (vmapped at `dim`, or None)."""
+    return t.dim() - (dim is not None)
+
+
 @torch.library.register_vmap("mm_variants::matmul")
 def _matmul_vmap(info, in_dims, a, b, algorithm="auto"):
+    """One bmm of every entry's product, an unbatched b shared. Entries that are not two matrices
+    run one by one, so that matmul refuses them as it does in eager mode; as a batch they could
+    pass bmm's checks (a batched 1-D b looks like one shared matrix)."""
     a_dim, b_dim = in_dims[0], in_dims[1]
+    if _entry_dim(a, a_dim) != 2 or _entry_dim(b, b_dim) != 2:
+        return _per_entry(torch.ops.mm_variants.matmul, info.batch_size, (a, b), in_dims,
+                          algorithm), 0
     a_batch = _batch_first(a, a_dim, info.batch_size)
     b_batch = b if b_dim is None else b.movedim(b_dim, 0)  # an unbatched b is shared
     return torch.ops.mm_variants.bmm(a_batch, b_batch, algorithm), 0
