@@ -356,6 +356,18 @@ def test_linear_from_linear_shares_parameters():
     assert relative_error(ours(x), original(x).double()) < 1e-6
 
 
+def test_linear_from_linear_keeps_training_mode_and_refuses_parametrized_layers():
+    """The new layer is in the source's training mode, and a weight-normed source (a weight
+    computed from its parameters on every call) is refused rather than frozen at today's value."""
+    torch.manual_seed(0)
+    for training in (True, False):
+        original = nn.Linear(4, 3).train(training)
+        assert mmv.Linear.from_linear(original).training is training
+    normed = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))
+    with pytest.raises(ValueError, match="parametrized"):
+        mmv.Linear.from_linear(normed)
+
+
 def test_swap_linear_keeps_hooks_and_leaves_subclasses_alone():
     """A swapped layer is the same module with the same hooks; a subclass of nn.Linear (its own
     forward) and a weight-normed layer (a computed weight) keep running as they did."""

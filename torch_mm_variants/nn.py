@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.nn.utils import parametrize
 
 from . import _C
 from .ops import ACTIVATIONS
@@ -71,12 +72,22 @@ class Linear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, algorithm: str = "auto") -> "Linear":
-        """A Linear sharing `linear`'s parameters (no copy)."""
+        """A Linear sharing `linear`'s parameters (no copy), in its training mode.
+
+        A parametrized layer (e.g. weight_norm) is refused with a ValueError: its weight is
+        computed from other parameters on every call, and a copy of today's value would be a
+        frozen tensor that no optimizer updates.
+        """
+        if parametrize.is_parametrized(linear):
+            raise ValueError("Linear.from_linear: the layer is parametrized (its weight is "
+                             "computed on every call, e.g. by weight_norm); remove the "
+                             "parametrization first, or keep the layer as it is")
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
         new.algorithm, new.activation = algorithm, "none"
+        new.train(linear.training)
         return new
 
 
