@@ -213,6 +213,22 @@ def test_linear_module_activation_matches_torch():
     assert "activation='gelu_tanh'" in repr(layer)
 
 
+def test_layer_scripts_like_nn_linear():
+    """torch.jit.script compiles a Linear (with or without a bias, made or swapped in) as it does
+    nn.Linear, and the scripted layer computes what the eager one does."""
+    torch.manual_seed(0)
+    layers = [mmv.Linear(10, 6, activation="gelu", algorithm="parallel"),
+              mmv.Linear(10, 6, bias=False),
+              mmv.swap_linear(torch.nn.Sequential(torch.nn.Linear(10, 6), torch.nn.ReLU()))]
+    x = torch.randn(3, 4, 10)
+    for layer in layers:
+        scripted = torch.jit.script(layer)
+        assert torch.equal(scripted(x), layer(x))
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x, layers[0].weight,
+                                                                   layers[0].bias))
+    assert relative_error(torch.jit.script(layers[0])(x), expected.double()) < 1e-5
+
+
 def test_unknown_algorithm_is_refused_when_the_layer_is_made():
     """Linear, Linear.from_linear, swap_linear and a later assignment refuse a name that no device
     registers at once, listing the valid names, rather than at the first forward."""

@@ -37,7 +37,12 @@ class Linear(nn.Linear):
     into the kernel where the kernel supports it (mm_variants::linear). An unknown `algorithm`
     or `activation` is refused (ValueError) when the layer is made or the name is assigned, not
     at its first call.
+
+    TorchScript compiles it as it does nn.Linear (torch.jit.script). The checked setters of
+    `algorithm` and `activation` stay Python's: forward reads the attributes behind them.
     """
+
+    __jit_unused_properties__ = ["algorithm", "activation"]
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True,
                  device=None, dtype=None, algorithm: str = "auto",
@@ -63,8 +68,8 @@ class Linear(nn.Linear):
         self._activation = check_activation(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mm_variants.linear(x, self.weight, self.bias, self.activation,
-                                            self.algorithm)
+        return torch.ops.mm_variants.linear(x, self.weight, self.bias, self._activation,
+                                            self._algorithm)
 
     def extra_repr(self) -> str:
         extra = f", activation={self.activation!r}" if self.activation != "none" else ""
