@@ -69,3 +69,16 @@ def test_bench_rounds_summarize_the_spread(tmp_path, capsys):
 def test_bench_rounds_must_be_positive():
     with pytest.raises(SystemExit):
         bench.parse_args(["--rounds", "0"])
+
+
+@pytest.mark.parametrize("option", [["--device", "bogus"], ["--output", "{missing}/rows.json"]])
+def test_bad_device_or_output_gets_a_usage_error_before_the_run(option, tmp_path, capsys,
+                                                                monkeypatch):
+    """An unknown device, or an output file in a directory that does not exist, is refused by
+    argparse before anything is measured, not with a traceback at the start or end of the run."""
+    option = [arg.format(missing=tmp_path / "missing") for arg in option]
+    monkeypatch.setattr(bench, "bench_size", lambda *args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--sizes", "8", *option])
+    assert exit_info.value.code == 2
+    assert option[0] in capsys.readouterr().err

@@ -20,6 +20,7 @@ import argparse
 import csv
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -244,6 +245,16 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
+    try:
+        torch.device(args.device)
+    except RuntimeError as error:
+        p.error(f"--device {args.device!r}: {error}")
+    if args.output is not None:
+        # Checked before the run, which may take minutes, rather than when the rows are written.
+        directory = os.path.dirname(os.path.abspath(args.output))
+        if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
+            p.error(f"--output {args.output!r}: directory {directory!r} does not exist or is "
+                    "not writable")
     if args.sizes is not None:
         try:
             args.sizes = [parse_size(text) for text in args.sizes.split(",")]
