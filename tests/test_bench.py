@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import csv
 import json
+import pathlib
+import subprocess
 
 import pytest
 
@@ -82,3 +84,14 @@ def test_bad_device_or_output_gets_a_usage_error_before_the_run(option, tmp_path
         bench.main(["--sizes", "8", *option])
     assert exit_info.value.code == 2
     assert option[0] in capsys.readouterr().err
+
+
+def test_bench_script_keeps_the_callers_directory(tmp_path):
+    """scripts/bench, run from elsewhere, writes a relative --output where it was run."""
+    script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench"
+    result = subprocess.run(["bash", str(script), "--device", "cpu", "--sizes", "8",
+                             "--algorithms", "naive", "--output", "rows.json"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert [r["algorithm"] for r in rows] == ["naive", "torch.mm"] and all(r["ok"] for r in rows)
