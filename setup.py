@@ -74,6 +74,13 @@ def extension():
         extra_link_args=link_flags())
 
 
+def torch_requirement() -> str:
+    """The torch the extension is compiled against, to its minor version: its C++ ABI changes
+    between minor versions, so a wheel must not be installed beside another one."""
+    major, minor = torch.__version__.split(".")[:2]
+    return f"torch=={major}.{minor}.*"
+
+
 setup(
     name=PACKAGE,
     version=read_version(),
@@ -82,4 +89,5 @@ setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension},
     python_requires=">=3.10",
+    install_requires=[torch_requirement()],
 )
