@@ -22,4 +22,48 @@ def test_sweep_cpu_rows_and_plot(tmp_path, monkeypatch):
     assert names == {"auto", "torch.mm", *mmv.algorithms("cpu")}
     assert len(rows) == 3 * (len(mmv.algorithms("cpu")) + 2)
     assert all(float(r["rel_error"]) < 1e-5 and float(r["tflops"]) > 0 for r in rows)
+    assert all(r["ok"] == "True" for r in rows)
     assert png.stat().st_size > 10_000
+
+
+def test_a_wrong_kernel_fails_its_points_and_is_not_timed(tmp_path, monkeypatch, capsys):
+    """A kernel off by more than bench's tolerance is run once per point for the check, never
+    timed, its rows say ok=False, FAILED is printed and the exit status is non-zero."""
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("linear 48x40", m, 48, 40, True)
+                                                         for m in (1, 8)])
+    product, calls = mmv.matmul, []
+
+    def twice_the_product(a, b, algorithm="auto"):
+        calls.append(algorithm)
+        return 2 * product(a, b, algorithm)
+
+    monkeypatch.setattr(mmv, "matmul", twice_the_product)
+    out = tmp_path / "s.csv"
+    assert sweep.main(["--device", "cpu", "--dtype", "float32", "--algorithms", "parallel",
+                       "--families", "linear", "--output", str(out), "--plot", ""]) != 0
+    assert calls == ["parallel", "parallel"]  # the check at each point, no timed runs
+    rows = list(csv.DictReader(open(out)))
+    wrong = [r for r in rows if r["algorithm"] == "parallel"]
+    assert len(wrong) == 2
+    assert all(r["ok"] == "False" and r["ms"] == "nan" and float(r["tflops"]) == 0 for r in wrong)
+    assert all(abs(float(r["rel_error"]) - 1) < 1e-6 for r in wrong)
+    baseline = [r for r in rows if r["algorithm"] == "torch.mm"]
+    assert len(baseline) == 2 and all(r["ok"] == "True" and float(r["ms"]) > 0 for r in baseline)
+    assert capsys.readouterr().out.count("parallel: rel. error 1.0e+00 FAILED") == 2
+
+
+@pytest.mark.parametrize("option,value,valid", [
+    ("--families", "foo", ["square", "linear"]),
+    ("--algorithms", "bogus", ["auto", *mmv.algorithms("cpu")]),
+])
+def test_unknown_family_or_algorithm_gets_a_usage_error(option, value, valid, capsys,
+                                                        monkeypatch):
+    """Refused by argparse before anything is measured, naming the bad value and the valid
+    ones, not with an IndexError or a RuntimeError traceback."""
+    monkeypatch.setattr(sweep, "measure", lambda *args: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--device", "cpu", "--dtype", "float32", option, value, "--plot", ""])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert option in err and value in err
+    assert all(name in err for name in valid)

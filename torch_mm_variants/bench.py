@@ -39,6 +39,11 @@ TF32_TOLERANCE = 5e-3
 BASELINE = "torch.mm"
 
 
+def tolerance_for(dtype: torch.dtype, tf32: bool) -> float:
+    """The worst relative error accepted for `dtype`, TF32's for float32 when TF32 is allowed."""
+    return TF32_TOLERANCE if (tf32 and dtype == torch.float32) else TOLERANCE[dtype]
+
+
 @dataclass
 class Row:
     device: str
@@ -149,7 +154,7 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
                          weight_layout)
     a0, b0 = inputs[0]
     reference = a0.double() @ b0.double()
-    tolerance = TF32_TOLERANCE if (tf32 and dtype == torch.float32) else TOLERANCE[dtype]
+    tolerance = tolerance_for(dtype, tf32)
     flop = 2.0 * m * n * k
     baseline_times, rows = [], []
 
@@ -224,6 +229,26 @@ def write_rows(rows: list[Row], path: str) -> None:
             json.dump(records, f, indent=1)
 
 
+def parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
+    """--device's value as a torch.device, or argparse's usage error naming it."""
+    try:
+        return torch.device(text)
+    except RuntimeError as error:
+        p.error(f"--device {text!r}: {error}")
+
+
+def parse_algorithms(text: str | None, device: torch.device) -> list[str]:
+    """The names of a comma-separated --algorithms value (default: auto and every algorithm of
+    `device`); ValueError naming those that `device` lacks, and the valid ones."""
+    available = mmv.algorithms(device)
+    names = text.split(",") if text else ["auto"] + available
+    unknown = [name for name in names if name != "auto" and name not in available]
+    if unknown:
+        raise ValueError(f"unknown algorithm(s) {', '.join(unknown)} for {device}; valid: auto, "
+                         f"{', '.join(available)}")
+    return names
+
+
 def parse_args(argv=None):
     gpu = torch.cuda.is_available() and mmv.has_cuda()
     p = argparse.ArgumentParser(prog="python -m torch_mm_variants.bench", description=__doc__,
@@ -245,10 +270,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    try:
-        torch.device(args.device)
-    except RuntimeError as error:
-        p.error(f"--device {args.device!r}: {error}")
+    parse_device(p, args.device)
     if args.output is not None:
         # Checked before the run, which may take minutes, rather than when the rows are written.
         directory = os.path.dirname(os.path.abspath(args.output))
@@ -274,14 +296,12 @@ def main(argv=None) -> int:
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = DTYPES[args.dtype]
     sizes = args.sizes or [parse_size("4096" if device.type == "cuda" else "1024")]
-    available = mmv.algorithms(device)
-    if not available:
+    if not mmv.algorithms(device):
         sys.exit(f"torch_mm_variants.bench: this build has no kernels for {device}")
-    names = args.algorithms.split(",") if args.algorithms else ["auto"] + available
-    unknown = [name for name in names if name != "auto" and name not in available]
-    if unknown:
-        sys.exit(f"torch_mm_variants.bench: unknown algorithm(s) {', '.join(unknown)} for "
-                 f"{device}; valid: auto, {', '.join(available)}")
+    try:
+        names = parse_algorithms(args.algorithms, device)
+    except ValueError as error:
+        sys.exit(f"torch_mm_variants.bench: {error}")
     torch.manual_seed(0)
 
     all_rows = []

@@ -4,9 +4,11 @@
 
 Two families of shapes: squares (M = N = K) and the nn.Linear shapes of real models, with the
 weight given as [N, K] (b = w.t()) and M the number of tokens, from decode (M = 1) to prefill.
-Each point is checked against a float64 reference before it is timed (bench.py's timer, torch.mm
-measured beside it). A kernel whose last point took longer than --time-cap seconds is not run at
-larger sizes of that family (the teaching rungs at 8192^3), and its rows say so.
+Each point is checked against a float64 reference before it is timed (bench.py's tolerances and
+timer, torch.mm measured beside it); a point beyond the tolerance is not timed, its row says
+ok=False and FAILED is printed for it, and the exit status is 1. A kernel whose last point took
+longer than --time-cap seconds is not run at larger sizes of that family (the teaching rungs at
+8192^3), and its rows say so.
 """
 from __future__ import annotations
 
@@ -33,8 +35,10 @@ def shapes(device: torch.device) -> list[tuple[str, int, int, int, bool]]:
             + [(f"linear {n}x{k}", m, n, k, True) for n, k in LINEAR_NK for m in LINEAR_M])
 
 
-def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_cap):
-    """Rows for one shape: each algorithm (unless capped) and torch.mm."""
+def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_cap,
+            tolerance):
+    """Rows for one shape: each algorithm (unless capped) and torch.mm. A result further than
+    `tolerance` from the float64 reference is reported as failed and not timed."""
     inputs = bench.make_inputs(m, n, k, dtype, device,
                                bench.input_sets_needed(m, n, k, dtype, device), weight_layout)
     a0, b0 = inputs[0]
@@ -44,8 +48,9 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
 
     def row(name, ms, err):
         return {"family": family, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."),
-                "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms else 0.0,
-                "gbps": bytes_moved / ms / 1e6 if ms else 0.0, "rel_error": err}
+                "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else 0.0,
+                "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "rel_error": err,
+                "ok": err <= tolerance}
 
     for name in names + [bench.BASELINE]:
         if name in time_cap["skipped"]:
@@ -53,9 +58,12 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
         if name not in (bench.BASELINE, "auto") and not mmv._C.algorithm_accepts(name, a0, b0)[0]:
             continue  # the algorithm does not take this shape (e.g. skinny beyond its M)
         run = torch.mm if name == bench.BASELINE else (lambda a, b, name=name: mmv.matmul(a, b, name))
-        err = bench.relative_error(run(a0, b0), reference)
-        ms = bench.time_ms(bench.cycling(run, inputs), device, repeat)
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
+        err = bench.relative_error(run(a0, b0), reference)
+        if not err <= tolerance:  # a wrong kernel is reported, never timed
+            rows.append(row(label, float("nan"), err))
+            continue
+        ms = bench.time_ms(bench.cycling(run, inputs), device, repeat)
         rows.append(row(label, ms, err))
         if ms > 1e3 * time_cap["seconds"] and name != bench.BASELINE:
             time_cap["skipped"].add(name)
@@ -101,7 +109,8 @@ def plot(rows: list[dict], path: str, title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, with --algorithms and --families as lists checked against the device."""
     p = argparse.ArgumentParser(prog="python -m torch_mm_variants.sweep", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     gpu = torch.cuda.is_available() and mmv.has_cuda()
@@ -116,20 +125,35 @@ def main(argv=None) -> int:
     p.add_argument("--output", default="sweep.csv")
     p.add_argument("--plot", default="sweep.png", help="PNG path ('' for none)")
     args = p.parse_args(argv)
+    device = bench.parse_device(p, args.device)
+    try:
+        args.algorithms = bench.parse_algorithms(args.algorithms, device)
+    except ValueError as error:
+        p.error(f"--algorithms {args.algorithms!r}: {error}")
+    families = list(dict.fromkeys(family for family, *_ in shapes(device)))
+    args.families = args.families.split(",") if args.families else families
+    unmatched = [f for f in args.families if not any(name.startswith(f) for name in families)]
+    if unmatched:
+        p.error(f"--families: no family begins with {', '.join(map(repr, unmatched))}; "
+                f"families: {', '.join(families)}")
+    return args
 
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
     device = torch.device(args.device)
     if device.type == "cuda":
         device = torch.device("cuda", device.index or 0)
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = bench.DTYPES[args.dtype]
-    names = args.algorithms.split(",") if args.algorithms else ["auto"] + mmv.algorithms(device)
-    todo = [s for s in shapes(device)
-            if not args.families or any(s[0].startswith(f) for f in args.families.split(","))]
+    tolerance = bench.tolerance_for(dtype, args.tf32)
+    todo = [s for s in shapes(device) if any(s[0].startswith(f) for f in args.families)]
     rows, caps = [], {}
     for index, (family, m, n, k, weight_layout) in enumerate(todo):
         bench.progress(f"[{index + 1}/{len(todo)}] {family} {m}x{n}x{k}")
         cap = caps.setdefault(family, {"seconds": args.time_cap, "skipped": set()})
-        rows += measure(family, m, n, k, weight_layout, dtype, device, names, args.repeat, cap)
+        rows += measure(family, m, n, k, weight_layout, dtype, device, args.algorithms,
+                        args.repeat, cap, tolerance)
     bench.progress("")
     with open(args.output, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -139,13 +163,18 @@ def main(argv=None) -> int:
     for family, cap in caps.items():
         if cap["skipped"]:
             print(f"{family}: not run past {args.time_cap:g} s per call: {', '.join(sorted(cap['skipped']))}")
-    if args.plot:
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        print(f"{r['family']} {r['m']}x{r['n']}x{r['k']} {r['algorithm']}: rel. error "
+              f"{r['rel_error']:.1e} FAILED (above {tolerance:.0e}), not timed")
+    timed = [r for r in rows if r["ok"]]
+    if args.plot and timed:
         try:
-            plot(rows, args.plot, f"{bench.device_name(device)}, {args.dtype}")
+            plot(timed, args.plot, f"{bench.device_name(device)}, {args.dtype}")
             print(f"wrote {args.plot}")
         except ImportError:
             print("matplotlib is not installed: no plot", file=sys.stderr)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
