@@ -131,3 +131,53 @@ def test_measured_mode_on_gpu_and_not_during_graph_capture(measured_mode):
     torch.cuda.synchronize()
     assert tuning.tuned_entries() == {}  # nothing measured inside the capture
     assert torch.allclose(out.float(), (c.double() @ d.double()).float(), rtol=2e-2, atol=2e-1)
+
+
+def batch_b(shared: bool) -> torch.Tensor:
+    """b for a batch of 4 products of [64, 128] by [128, 32]: an nn.Linear weight's w.t(), shared
+    by the batch, or one transposed matrix per entry."""
+    return torch.randn(32, 128).t() if shared else torch.randn(4, 32, 128).transpose(1, 2)
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-b", "per-entry-b"])
+def test_batches_report_what_bmm_measured_and_ran(measured_mode, shared):
+    """matmul of a 3-D a runs mm_variants::bmm, whose measured auto files the kernel it runs
+    under its bucket; auto_choice and explain_auto name that kernel and that bucket."""
+    a, b = torch.randn(4, 64, 128), batch_b(shared)
+    out = mmv.matmul(a, b)
+    [(bucket, ran)] = tuning.tuned_entries().items()
+    assert mmv.explain_auto(a, b) == {"algorithm": ran, "reason": "cached", "bucket": bucket}
+    assert mmv.auto_choice(a, b) == ran
+    assert torch.equal(out, mmv.matmul(a, b, ran))
+
+
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-b", "per-entry-b"])
+def test_batches_report_the_heuristic_choice_of_bmm(shared):
+    a, b = torch.randn(4, 64, 128), batch_b(shared)
+    decision = mmv.explain_auto(a, b)
+    assert decision == {"algorithm": mmv.algorithms("cpu")[-1], "reason": "heuristic",
+                        "bucket": "cpu|Float|rc|64x32x128"}
+    assert mmv.auto_choice(a, b) == decision["algorithm"]
+    assert torch.equal(mmv.matmul(a, b), mmv.matmul(a, b, decision["algorithm"]))
+
+
+@pytest.mark.parametrize("a,b", [
+    (torch.randn(2, 3, 4), torch.randn(3, 4, 5)),
+    (torch.randn(2, 3, 4), torch.randn(2, 5, 6)),
+    (torch.randn(2, 3, 4), torch.randn(4)),
+    (torch.randn(0, 3, 4), torch.randn(0, 4, 5, dtype=torch.float64)),
+    (torch.randn(2, 3, 4), torch.randn(4, 5, dtype=torch.float64)),
+    (torch.zeros(2, 3, 4, dtype=torch.int64), torch.zeros(4, 5, dtype=torch.int64)),
+    (torch.randn(2, 2, 3, 4), torch.randn(4, 5)),
+    (torch.randn(3, 4), torch.randn(5, 6)),
+], ids=["batch-sizes", "inner-sizes", "1-D-b", "empty-batch-dtypes", "dtypes", "int64", "4-D-a",
+        "2-D-shapes"])
+def test_refusals_are_matmuls(a, b):
+    """explain_auto and auto_choice refuse what mmv.matmul refuses, with its message."""
+    with pytest.raises(RuntimeError) as refused:
+        mmv.matmul(a, b)
+    message = str(refused.value).splitlines()[0]
+    for explain in (mmv.explain_auto, mmv.auto_choice):
+        with pytest.raises(RuntimeError) as explained:
+            explain(a, b)
+        assert str(explained.value).splitlines()[0] == message

@@ -31,17 +31,15 @@ void check_bmm_inputs(const at::Tensor& a, const at::Tensor& b) {
               a.sizes(), " and ", b.sizes(), ")");
 }
 
+// The matrix that batch entry i multiplies by: b's i-th, or the shared one.
+at::Tensor b_entry(const at::Tensor& b, int64_t i) { return b.dim() == 3 ? b.select(0, i) : b; }
+
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  check_bmm_inputs(a, b);
+  const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
   const c10::OptionalDeviceGuard guard(a.device());
+  const Algorithm& chosen = resolve_algorithm(a_chosen_on, b_chosen_on, algorithm);
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(-1);
-  const auto b_of = [&](int64_t i) { return b.dim() == 3 ? b.select(0, i) : b; };
-  if (batch == 0) {
-    // Nothing to run, but the checks of any other batch: dtypes, devices, the algorithm's name.
-    resolve_algorithm(a.new_empty({0, k}), b.new_empty({k, 0}), algorithm);
-    return at::empty({0, m, n}, a.options());
-  }
-  const Algorithm& chosen = resolve_algorithm(a.select(0, 0), b_of(0), algorithm);
+  if (batch == 0) return at::empty({0, m, n}, a.options());
   if (m == 0 || n == 0 || k == 0) return at::zeros({batch, m, n}, a.options());
 
   const int64_t per_unit = std::max<int64_t>(1, 16 / static_cast<int64_t>(a.element_size()));
@@ -52,7 +50,7 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algori
   } else {
     for (int64_t i = 0; i < batch; ++i) {
       at::Tensor out = storage.select(0, i).narrow(0, 0, m * n).view({m, n});
-      chosen.run(a.select(0, i), b_of(i), out);
+      chosen.run(a.select(0, i), b_entry(b, i), out);
     }
   }
   const at::Tensor result = storage.narrow(1, 0, m * n);
@@ -60,6 +58,15 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algori
 }
 
 }  // namespace
+
+std::pair<at::Tensor, at::Tensor> batch_choice_inputs(const at::Tensor& a, const at::Tensor& b) {
+  check_bmm_inputs(a, b);
+  const int64_t k = a.size(2);
+  // An empty batch runs nothing but gets the checks of any other: dtypes, devices, the name.
+  if (a.size(0) == 0) return {a.new_empty({0, k}), b.new_empty({k, 0})};
+  return {a.select(0, 0), b_entry(b, 0)};
+}
+
 }  // namespace mm_variants
 
 TORCH_LIBRARY_FRAGMENT(mm_variants, m) {

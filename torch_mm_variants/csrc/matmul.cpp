@@ -144,6 +144,12 @@ void check_dtype_and_algorithm(c10::ScalarType dtype, c10::Device device,
 
 std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor& a,
                                                                const at::Tensor& b) {
+  // torch_mm_variants.matmul sends a batch a [B, M, K] to mm_variants::bmm, whose auto reads
+  // the inputs of one product of the batch.
+  if (a.dim() == 3) {
+    const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
+    return explain_auto(a_chosen_on, b_chosen_on);
+  }
   check_inputs(a, b);
   const AutoDecision decision = decide_auto(a, b);
   return {decision.algorithm->name, decision.reason, decision.bucket};
@@ -175,7 +181,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dtype_name", [](c10::ScalarType dtype) { return std::string(c10::toString(dtype)); },
         "A dtype's name as the op's messages write it: Float, Half, BFloat16, Double, Long, ...");
   m.def("explain_auto", &mm_variants::explain_auto,
-        "(algorithm, reason, bucket) of what algorithm='auto' runs for these inputs");
+        "(algorithm, reason, bucket) of what algorithm='auto' runs for these inputs (for a 3-D "
+        "a, what mm_variants::bmm runs)");
   m.def("set_autotune", &mm_variants::set_autotune, "Switch the measured mode of 'auto' on or off");
   m.def("autotune_enabled", &mm_variants::autotune_enabled);
   m.def("set_tuning_file", &mm_variants::set_tuning_file);

@@ -8,6 +8,7 @@
 
 #include <string>
 #include <tuple>
+#include <utility>
 
 namespace mm_variants {
 
@@ -18,6 +19,11 @@ at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view alg
 // The validation and algorithm choice of matmul, for ops built on it (linear.cpp).
 const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
                                    c10::string_view algorithm);
+
+// The one product whose inputs mm_variants::bmm chooses its algorithm on, for the whole batch
+// (a [B, M, K], b [B, K, N] or a shared [K, N]): the first entry's, or an empty [0, K] x [K, 0]
+// of the batch's dtype and device for an empty batch. Validates the batch's shapes as bmm does.
+std::pair<at::Tensor, at::Tensor> batch_choice_inputs(const at::Tensor& a, const at::Tensor& b);
 
 // Refuses a sparse, mkldnn or other non-strided tensor by name: the kernels read strided memory.
 // `op` and `name` say where it was passed, e.g. ("mm_variants::linear", "weight").
