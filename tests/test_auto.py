@@ -2,7 +2,11 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -10,6 +14,33 @@ import torch
 import torch_mm_variants as mmv
 from torch_mm_variants import tuning
 from conftest import assert_matches_reference, capture_graph, gpu_available
+
+# Measures the buckets M = 2^process, K = 2^k for k < buckets. Each process says it has imported
+# torch (the slow part), then waits for the start file, so that all of them save at once.
+MEASURE_BUCKETS = """
+import os, sys, time, torch, torch_mm_variants as mmv
+process, start, buckets = int(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+open(f"{start}.{process}", "w").close()
+while not os.path.exists(start):
+    time.sleep(0.01)
+for k in range(buckets):
+    a, b = torch.randn(2**process, 2**k), torch.randn(2**k, 1)
+    assert mmv.explain_auto(a, b)["reason"] == "measured"
+"""
+
+
+def child_env(**variables) -> dict:
+    """This environment, with these variables, in which a child process imports this package."""
+    package_root = os.path.dirname(os.path.dirname(mmv.__file__))
+    path = os.pathsep.join(p for p in [package_root, os.environ.get("PYTHONPATH")] if p)
+    return {**os.environ, "PYTHONPATH": path, **variables}
+
+
+def wait_for(paths, timeout_s=120):
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(p) for p in paths):
+        assert time.monotonic() < deadline, "child processes did not start"
+        time.sleep(0.05)
 
 
 @pytest.fixture
@@ -55,6 +86,40 @@ def test_measured_mode_leaves_empty_products_to_the_heuristic(measured_mode):
         assert torch.equal(mmv.matmul(a, b), torch.zeros(a.shape[0], b.shape[1]))
     assert not measured_mode.exists()
     assert mmv.explain_auto(torch.randn(1, 30), torch.randn(30, 20))["reason"] == "measured"
+
+
+def test_concurrent_processes_keep_each_others_choices(tmp_path):
+    """Each save merges into the file under a lock, so no process drops another's buckets."""
+    processes, buckets = 6, 10
+    start = str(tmp_path / "start")
+    env = child_env(MM_VARIANTS_AUTOTUNE="1", MM_VARIANTS_CACHE_DIR=str(tmp_path))
+    children = [subprocess.Popen([sys.executable, "-c", MEASURE_BUCKETS, str(p), start,
+                                  str(buckets)], env=env) for p in range(processes)]
+    wait_for([f"{start}.{p}" for p in range(processes)])
+    open(start, "w").close()
+    assert all(child.wait(timeout=300) == 0 for child in children)
+    saved = json.loads((tmp_path / tuning.cache_file().name).read_text())
+    shapes = [((2**p, 2**k), (2**k, 1)) for p in range(processes) for k in range(buckets)]
+    assert set(saved) == {mmv.explain_auto(torch.randn(a), torch.randn(b))["bucket"]
+                          for a, b in shapes}
+    assert [p.name for p in tmp_path.iterdir() if ".tmp" in p.name] == []
+
+
+def test_a_save_keeps_entries_saved_by_another_process(measured_mode):
+    """Another process's buckets survive this process's save; on a bucket both hold, this
+    process's fresh measurement wins."""
+    ours = "cpu|Float|rr|128x64x128"
+    measured_mode.write_text(json.dumps({"cpu|Float|rr|1x1x1": "naive", ours: "stale"}, indent=2))
+    chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    assert chosen["bucket"] == ours
+    assert json.loads(measured_mode.read_text()) == {"cpu|Float|rr|1x1x1": "naive",
+                                                     ours: chosen["algorithm"]}
+
+
+def test_a_save_replaces_a_corrupt_file(measured_mode):
+    measured_mode.write_text('{"cpu|Float|rr|1x1x1": ')
+    chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    assert json.loads(measured_mode.read_text()) == {chosen["bucket"]: chosen["algorithm"]}
 
 
 def test_saved_choices_are_reused_by_a_new_process(measured_mode):

@@ -4,7 +4,8 @@ With MM_VARIANTS_AUTOTUNE=1 in the environment, or after `set_autotune(True)`, t
 `auto` for a (device, dtype, layout, shape bucket) times every eligible kernel on the real inputs
 and keeps the fastest. Choices are saved to a JSON file in the user's cache directory, one file
 per torch and package version (the GPU's name is part of each key), and are reused by later
-processes, measured mode or not. Nothing is measured during CUDA graph capture or torch.compile
+processes, measured mode or not; processes that measure at once merge their choices into it
+(`<file>.lock` orders their saves). Nothing is measured during CUDA graph capture or torch.compile
 tracing.
 """
 from __future__ import annotations

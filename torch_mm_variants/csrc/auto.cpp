@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +14,13 @@
 #include <iterator>
 #include <mutex>
 #include <string>
+
+#if __has_include(<sys/file.h>) && __has_include(<unistd.h>)
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+#define MM_VARIANTS_HAS_FLOCK 1
+#endif
 
 namespace mm_variants {
 namespace {
@@ -89,6 +98,45 @@ const Algorithm* by_name(const std::vector<const Algorithm*>& candidates, const 
   return nullptr;
 }
 
+// Holds an exclusive advisory lock on `path` while alive, so that processes sharing a tuning file
+// save one at a time and none overwrites entries another has just written. The lock file is
+// never removed: unlinking it would let two processes lock different files of the same name.
+// Without flock, or where the lock file cannot be created, saves go unlocked.
+class FileLock {
+ public:
+  explicit FileLock(const std::string& path) {
+#ifdef MM_VARIANTS_HAS_FLOCK
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      if (errno != EINTR) release();  // a signal only interrupts the wait: wait again
+    }
+#else
+    (void)path;
+#endif
+  }
+  ~FileLock() { release(); }
+  FileLock(const FileLock&) = delete;
+  FileLock& operator=(const FileLock&) = delete;
+
+ private:
+  void release() {
+#ifdef MM_VARIANTS_HAS_FLOCK
+    if (fd_ >= 0) ::close(fd_);  // closing the descriptor drops the lock
+#endif
+    fd_ = -1;
+  }
+  int fd_ = -1;
+};
+
+// A name that no other process writes at the same time (this process saves one at a time).
+std::string temporary_name(const std::string& file) {
+#ifdef MM_VARIANTS_HAS_FLOCK
+  return file + ".tmp." + std::to_string(::getpid());
+#else
+  return file + ".tmp";
+#endif
+}
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -98,22 +146,103 @@ std::string json_string(const std::string& s) {
   return out + "\"";
 }
 
-// Rewrites the tuning file (write to a temporary, then rename, so readers never see half).
-void save_locked(const TuningState& s) {
-  if (s.file.empty()) return;
-  const std::string tmp = s.file + ".tmp";
+void skip_whitespace(const std::string& text, size_t& pos) {
+  while (pos < text.size() && std::isspace(static_cast<unsigned char>(text[pos]))) ++pos;
+}
+
+// Skips whitespace, then consumes `c` if it comes next.
+bool consume(const std::string& text, size_t& pos, char c) {
+  skip_whitespace(text, pos);
+  if (pos == text.size() || text[pos] != c) return false;
+  ++pos;
+  return true;
+}
+
+// Reads a JSON string at `pos` into `out`; false for anything else, or for a \u escape, which
+// json_string never writes.
+bool read_json_string(const std::string& text, size_t& pos, std::string& out) {
+  static const std::map<char, char> kUnescaped = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},
+                                                  {'b', '\b'}, {'f', '\f'},  {'n', '\n'},
+                                                  {'r', '\r'}, {'t', '\t'}};
+  if (!consume(text, pos, '"')) return false;
+  out.clear();
+  while (pos < text.size() && text[pos] != '"') {
+    char c = text[pos++];
+    if (c == '\\') {
+      const auto unescaped = pos < text.size() ? kUnescaped.find(text[pos++]) : kUnescaped.end();
+      if (unescaped == kUnescaped.end()) return false;
+      c = unescaped->second;
+    }
+    out += c;
+  }
+  return consume(text, pos, '"');
+}
+
+// Reads the members of a JSON object of strings; false if `text` is anything else.
+bool read_json_entries(const std::string& text, std::map<std::string, std::string>& entries) {
+  size_t pos = 0;
+  if (!consume(text, pos, '{')) return false;
+  if (!consume(text, pos, '}')) {
+    do {
+      std::string bucket, name;
+      if (!read_json_string(text, pos, bucket) || !consume(text, pos, ':') ||
+          !read_json_string(text, pos, name)) {
+        return false;
+      }
+      entries[bucket] = name;
+    } while (consume(text, pos, ','));
+    if (!consume(text, pos, '}')) return false;
+  }
+  skip_whitespace(text, pos);
+  return pos == text.size();
+}
+
+// The entries of a tuning file as write_tuning_file writes it. A missing, unreadable or malformed
+// file counts as empty, as load_cache treats it.
+std::map<std::string, std::string> read_tuning_file(const std::string& file) {
+  std::ifstream in(file);
+  const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+  std::map<std::string, std::string> entries;
+  return read_json_entries(text, entries) ? entries : std::map<std::string, std::string>{};
+}
+
+// Writes the file through a temporary and a rename, so that readers never see half of it.
+void write_tuning_file(const std::string& file, const std::map<std::string, std::string>& entries) {
+  const std::string tmp = temporary_name(file);
   {
     std::ofstream out(tmp);
-    if (!out) return;  // an unwritable cache directory only costs re-measuring next time
     out << "{\n";
     size_t i = 0;
-    for (const auto& [bucket, name] : s.entries) {
+    for (const auto& [bucket, name] : entries) {
       out << "  " << json_string(bucket) << ": " << json_string(name)
-          << (++i < s.entries.size() ? ",\n" : "\n");
+          << (++i < entries.size() ? ",\n" : "\n");
     }
     out << "}\n";
+    out.close();
+    // A partial write (a full disk) must not replace the file; an unwritable cache directory
+    // only costs re-measuring next time.
+    if (!out) {
+      std::remove(tmp.c_str());
+      return;
+    }
   }
-  std::rename(tmp.c_str(), s.file.c_str());
+  if (std::rename(tmp.c_str(), file.c_str()) != 0) std::remove(tmp.c_str());
+}
+
+// Adds this process's entries (the caller holds the state's mutex) to those other processes have
+// saved meanwhile, under a file lock held across the read and the rewrite; for the same bucket,
+// this process's choice wins.
+void save_locked(const TuningState& s) {
+  if (s.file.empty()) return;
+  try {
+    const FileLock lock(s.file + ".lock");
+    std::map<std::string, std::string> merged = read_tuning_file(s.file);
+    for (const auto& [bucket, name] : s.entries) merged[bucket] = name;
+    write_tuning_file(s.file, merged);
+  } catch (const std::exception&) {
+    // Only memory can run out here; the choice is still kept in memory for this process, and a
+    // matmul must not fail for want of a cache file.
+  }
 }
 
 // The CPU's tuner: wall-clock time of one run after a warm-up run.
