@@ -7,6 +7,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 
 import pytest
 import torch
@@ -120,6 +121,45 @@ def test_a_save_replaces_a_corrupt_file(measured_mode):
     measured_mode.write_text('{"cpu|Float|rr|1x1x1": ')
     chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
     assert json.loads(measured_mode.read_text()) == {chosen["bucket"]: chosen["algorithm"]}
+
+
+@pytest.mark.parametrize("value, enabled", [("1", True), ("true", True), (" Yes ", True),
+                                            ("ON", True), ("0", False), ("False", False),
+                                            (" no", False), ("off", False), ("", False),
+                                            (None, False)])
+def test_autotune_variable_values(value, enabled, monkeypatch):
+    if value is None:
+        monkeypatch.delenv("MM_VARIANTS_AUTOTUNE", raising=False)
+    else:
+        monkeypatch.setenv("MM_VARIANTS_AUTOTUNE", value)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tuning.autotune_requested() == enabled
+
+
+def test_autotune_variable_warns_about_other_values(monkeypatch):
+    monkeypatch.setenv("MM_VARIANTS_AUTOTUNE", "ture")
+    with pytest.warns(UserWarning, match=r"MM_VARIANTS_AUTOTUNE='ture'.*1, true, yes, on"):
+        assert not tuning.autotune_requested()
+
+
+@pytest.mark.parametrize("value, enabled", [(" True ", True), ("ture", False)])
+def test_autotune_variable_is_read_at_import(value, enabled, tmp_path):
+    """A new process takes the variable at import, and warns once about a value it does not
+    understand."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch_mm_variants as mmv; print(mmv._C.autotune_enabled())"],
+        env=child_env(MM_VARIANTS_AUTOTUNE=value, MM_VARIANTS_CACHE_DIR=str(tmp_path)),
+        capture_output=True, text=True, check=True)
+    assert child.stdout.split() == [str(enabled)]
+    assert child.stderr.count("UserWarning: MM_VARIANTS_AUTOTUNE=") == (0 if enabled else 1)
+
+
+def test_empty_cache_dir_variable_counts_as_unset(tmp_path, monkeypatch):
+    """An empty MM_VARIANTS_CACHE_DIR must not put the file in the current directory."""
+    monkeypatch.setenv("MM_VARIANTS_CACHE_DIR", "")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning.cache_file().parent == tmp_path / "torch_mm_variants"
 
 
 def test_saved_choices_are_reused_by_a_new_process(measured_mode):

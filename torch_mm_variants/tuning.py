@@ -1,18 +1,19 @@
 """The measured mode of algorithm="auto" and a look at what auto picks.
 
-With MM_VARIANTS_AUTOTUNE=1 in the environment, or after `set_autotune(True)`, the first call of
-`auto` for a (device, dtype, layout, shape bucket) times every eligible kernel on the real inputs
-and keeps the fastest. Choices are saved to a JSON file in the user's cache directory, one file
-per torch and package version (the GPU's name is part of each key), and are reused by later
-processes, measured mode or not; processes that measure at once merge their choices into it
-(`<file>.lock` orders their saves). Nothing is measured during CUDA graph capture or torch.compile
-tracing.
+With MM_VARIANTS_AUTOTUNE=1 (or true, yes, on) in the environment, or after `set_autotune(True)`,
+the first call of `auto` for a (device, dtype, layout, shape bucket) times every eligible kernel
+on the real inputs and keeps the fastest. Choices are saved to a JSON file in the user's cache
+directory, one file per torch and package version (the GPU's name is part of each key), and are
+reused by later processes, measured mode or not; processes that measure at once merge their
+choices into it (`<file>.lock` orders their saves). Nothing is measured during CUDA graph capture
+or torch.compile tracing.
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+import warnings
 from pathlib import Path
 
 import torch
@@ -20,11 +21,27 @@ import torch
 from . import _C
 from .version import __version__
 
+AUTOTUNE_ON = ("1", "true", "yes", "on")
+AUTOTUNE_OFF = ("0", "false", "no", "off", "")
+
+
+def autotune_requested() -> bool:
+    """Whether MM_VARIANTS_AUTOTUNE asks for the measured mode: 1, true, yes or on, in any case and
+    with any surrounding spaces. Unset, empty, 0, false, no and off leave it off, and so does any
+    other value, with a warning, so that a misspelt value does not pass unnoticed."""
+    value = os.environ.get("MM_VARIANTS_AUTOTUNE", "")
+    word = value.strip().lower()
+    if word not in AUTOTUNE_ON + AUTOTUNE_OFF:
+        warnings.warn(f"MM_VARIANTS_AUTOTUNE={value!r} is not understood, so the measured mode of "
+                      f"algorithm='auto' stays off; accepted values: {', '.join(AUTOTUNE_ON)} "
+                      f"(on), {', '.join(AUTOTUNE_OFF[:-1])} or empty (off)")
+    return word in AUTOTUNE_ON
+
 
 def cache_file() -> Path:
     """The JSON file that keeps measured choices (MM_VARIANTS_CACHE_DIR overrides its folder)."""
     folder = os.environ.get("MM_VARIANTS_CACHE_DIR")
-    if folder is None:
+    if not folder:  # empty counts as unset, as for XDG_CACHE_HOME, not as the current directory
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         folder = os.path.join(base, "torch_mm_variants")
     tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{__version__}")
@@ -73,6 +90,6 @@ def clear() -> None:
     _C.clear_tuned_entries()
 
 
-if _C.autotune_enabled():
+if autotune_requested():
     set_autotune(True)
 load_cache()

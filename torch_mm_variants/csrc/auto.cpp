@@ -9,7 +9,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <mutex>
@@ -37,11 +36,10 @@ TuningState& state() {
   return s;
 }
 
+// Off until set_autotune: the Python package reads MM_VARIANTS_AUTOTUNE at import, where a value
+// it does not understand can be reported as a Python warning.
 std::atomic<bool>& autotune_flag() {
-  static std::atomic<bool> flag{[] {
-    const char* env = std::getenv("MM_VARIANTS_AUTOTUNE");
-    return env != nullptr && std::string(env) == "1";
-  }()};
+  static std::atomic<bool> flag{false};
   return flag;
 }
 

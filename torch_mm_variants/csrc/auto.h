@@ -2,11 +2,11 @@
 //
 // Two modes. The heuristic (default) costs nothing at run time: the highest rung whose
 // `accepts` takes the inputs, rungs being ordered so that each is faster than the ones below it
-// on what it accepts. The measured mode (MM_VARIANTS_AUTOTUNE=1 or set_autotune(true)) times
-// every eligible kernel once per shape bucket on the real inputs, keeps the winner in memory
-// and in a JSON file, and reuses it from then on. It never measures during CUDA graph capture
-// (nor during torch.compile tracing, which runs the fake kernel): there the cached or
-// heuristic choice is used.
+// on what it accepts. The measured mode (set_autotune(true), which the Python package calls at
+// import under MM_VARIANTS_AUTOTUNE=1) times every eligible kernel once per shape bucket on the
+// real inputs, keeps the winner in memory and in a JSON file, and reuses it from then on. It
+// never measures during CUDA graph capture (nor during torch.compile tracing, which runs the
+// fake kernel): there the cached or heuristic choice is used.
 #pragma once
 
 #include "registry.h"
