@@ -7,7 +7,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (DTYPE_BY_C10_NAME, TOLERANCE, algorithm_dtype_params,
-                      assert_gradients_match, assert_result, devices, gpu_available,
+                      assert_gradients_match, assert_result, devices,
                       random_matrix, relative_error, run_accepted)
 
 
@@ -37,12 +37,11 @@ def test_batches(device, algorithm, dtype):
 
 
 def batched_params() -> list:
-    """(device, algorithm, dtype) for tensor_core, which runs a batch in one launch, on a GPU that
-    has it, and for the CPU's parallel rung, which runs it entry by entry, as a check of the
-    same inputs."""
-    rungs = [("cpu", "parallel")]
-    if gpu_available() and "tensor_core" in mmv.algorithms("cuda"):
-        rungs.append(("cuda", "tensor_core"))
+    """(device, algorithm, dtype) for the rungs that run a batch in one launch, as the registry
+    says (tensor_core on a GPU), and for the CPU's parallel rung, which runs it entry by entry,
+    as a check of the same inputs."""
+    rungs = [("cpu", "parallel")] + [(d, name) for d in devices() for name in mmv.algorithms(d)
+                                     if mmv._C.algorithm_runs_batches(d, name)]
     return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
             for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
 

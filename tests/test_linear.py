@@ -7,8 +7,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_gradients_match,
-                      assert_result, devices, gpu_available, random_matrix, relative_error,
-                      run_accepted)
+                      assert_result, devices, random_matrix, relative_error, run_accepted)
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
 REFERENCE = {
@@ -49,12 +48,10 @@ def test_activations_bias_and_batch_dims(device, algorithm, dtype):
 
 
 def fused_params() -> list:
-    """(device, algorithm, dtype) for the rungs that fuse the epilogue into their store: the CPU's
-    parallel rung and, on a GPU that has them, tensor_core and wgmma."""
-    rungs = [("cpu", "parallel")]
-    if gpu_available():
-        rungs += [("cuda", name) for name in ("tensor_core", "wgmma")
-                  if name in mmv.algorithms("cuda")]
+    """(device, algorithm, dtype) for the rungs that fuse the epilogue into their store, as the
+    registry says (e.g. simd_packed and parallel; on a GPU, tensor_core and wgmma)."""
+    rungs = [(d, name) for d in devices() for name in mmv.algorithms(d)
+             if mmv._C.algorithm_fuses_epilogue(d, name)]
     return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
             for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
 
@@ -76,6 +73,13 @@ EDGE_SHAPES = [(1, 7, 63), (7, 63, 65), (63, 65, 127), (65, 127, 129), (127, 129
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_registry_reports_the_fused_rungs():
+    """fused_params comes from the registry: the CPU's fusing rungs are in it, the others not."""
+    fused = {name for name in mmv.algorithms("cpu") if mmv._C.algorithm_fuses_epilogue("cpu", name)}
+    assert fused == {"simd_packed", "parallel"}
+    assert not any(mmv._C.algorithm_runs_batches("cpu", name) for name in mmv.algorithms("cpu"))
+
+
 @pytest.mark.parametrize("device,algorithm,dtype", fused_params())
 def test_fused_epilogue_edges_and_layouts(device, algorithm, dtype, activation):
     """The fused store at edge sizes, with and without a bias (one that is misaligned, too). Weight

@@ -171,6 +171,16 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Every registered algorithm name, for any device type, in ladder order");
   m.def("algorithm_dtypes", &mm_variants::algorithm_dtypes,
         "The dtypes (as c10 names: Float, Half, BFloat16, Double) an algorithm accepts on a device");
+  m.def("algorithm_fuses_epilogue",
+        [](const std::string& device, const std::string& name) {
+          return mm_variants::find_algorithm(c10::Device(device), name).run_fused != nullptr;
+        },
+        "Whether an algorithm fuses mm_variants::linear's bias and activation into its store");
+  m.def("algorithm_runs_batches",
+        [](const std::string& device, const std::string& name) {
+          return mm_variants::find_algorithm(c10::Device(device), name).run_batched != nullptr;
+        },
+        "Whether an algorithm runs a whole mm_variants::bmm batch in one launch");
   m.def("set_poison_outputs", [](bool on) { mm_variants::poison_outputs.store(on); },
         "Fill every output with NaN before its kernel runs (for tests)");
   m.def("algorithm_accepts", &mm_variants::algorithm_accepts,
