@@ -61,6 +61,9 @@ def run(a, b, algorithm):
 
 def main() -> int:
     torch.manual_seed(0)
+    # Outputs start as NaN, so that an element a kernel leaves unwritten fails the value check
+    # (memcheck sees only accesses out of bounds, and a fresh output may hold a right answer).
+    mmv._C.set_poison_outputs(True)
     failures = 0
     layouts = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"), ("offset", "offset")]
     for algorithm in sys.argv[1:] or mmv.algorithms("cuda"):
