@@ -113,5 +113,6 @@ def test_cpu_simd_fallbacks(isa, algorithm, dtype):
         for m, n, k in [(1, 1, 1), (15, 33, 257), (170, 260, 300)]:
             assert_matches_reference(random_matrix(m, k, dtype, "cpu", "col"),
                                      random_matrix(k, n, dtype, "cpu"), algorithm)
+            assert mmv._C.cpu_last_micro_kernel() == isa  # the fallback ran, not only was set
     finally:
         mmv._C.set_cpu_isa(best)

@@ -201,6 +201,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("clear_tuned_entries", &mm_variants::clear_tuned_entries);
   m.def("cpu_isa", &mm_variants::cpu::simd::isa,
         "The instruction set of the CPU SIMD micro-kernel: avx512, avx2 or generic");
+  m.def("cpu_last_micro_kernel", &mm_variants::cpu::simd::last_isa,
+        "The instruction set of the CPU SIMD micro-kernel that ran last (for tests)");
   m.def("set_cpu_isa", &mm_variants::cpu::simd::set_isa,
         "Forces the CPU SIMD micro-kernel onto a supported instruction set (for tests)");
   m.def("has_cuda", []() {

@@ -84,6 +84,21 @@ std::atomic<Isa>& selected() {
   return isa;
 }
 
+// The instruction set of the micro-kernel last handed out: what ran, where `selected` is what
+// was asked for (tests check that a forced fallback really runs).
+std::atomic<Isa>& last_handed_out() {
+  static std::atomic<Isa> isa{best_supported()};
+  return isa;
+}
+
+std::string isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    default: return "generic";
+  }
+}
+
 }  // namespace
 
 template <typename T>
@@ -92,11 +107,14 @@ MicroKernel<T> micro_kernel() {
   switch (selected().load()) {
 #if defined(__GNUC__) && defined(__x86_64__)
     case Isa::kAvx512:
+      last_handed_out().store(Isa::kAvx512, std::memory_order_relaxed);
       return {kMRWide, 8 * kLanes128, &run_avx512<T>};
     case Isa::kAvx2:
+      last_handed_out().store(Isa::kAvx2, std::memory_order_relaxed);
       return {kMRNarrow, 4 * kLanes128, &run_avx2<T>};
 #endif
     default:
+      last_handed_out().store(Isa::kGeneric, std::memory_order_relaxed);
       return {kMRNarrow, 2 * kLanes128, &run_generic<T>};
   }
 }
@@ -104,13 +122,9 @@ MicroKernel<T> micro_kernel() {
 template MicroKernel<float> micro_kernel<float>();
 template MicroKernel<double> micro_kernel<double>();
 
-std::string isa() {
-  switch (selected().load()) {
-    case Isa::kAvx512: return "avx512";
-    case Isa::kAvx2: return "avx2";
-    default: return "generic";
-  }
-}
+std::string isa() { return isa_name(selected().load()); }
+
+std::string last_isa() { return isa_name(last_handed_out().load()); }
 
 void set_isa(const std::string& name) {
   const Isa best = best_supported();

@@ -27,5 +27,7 @@ MicroKernel<T> micro_kernel();
 // chosen at load time; set_isa lets tests and benchmarks force a fallback.
 std::string isa();
 void set_isa(const std::string& name);
+// The instruction set of the micro-kernel that micro_kernel() last returned.
+std::string last_isa();
 
 }  // namespace mm_variants::cpu::simd
