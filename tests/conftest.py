@@ -26,6 +26,18 @@ def gpu_available() -> bool:
     return mmv.has_cuda() and torch.cuda.is_available()
 
 
+def gpu_capability() -> tuple[int, int]:
+    """The current GPU's compute capability, or (0, 0) without one."""
+    return torch.cuda.get_device_capability() if gpu_available() else (0, 0)
+
+
+def sm90a_available() -> bool:
+    """Whether the GPU runs sm_90a code (exactly 9.0) and the build compiled it: where the Hopper
+    rungs must be listed. Asked of the build, not of the registry, so that a rung missing from
+    the listing fails its tests instead of skipping them."""
+    return gpu_capability() == (9, 0) and mmv._C.has_sm90a()
+
+
 def devices() -> list[str]:
     return ["cpu"] + (["cuda"] if gpu_available() else [])
 
@@ -52,9 +64,20 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def padded(x: int) -> int:
+    """x rounded up to a multiple of 64 elements (128 bytes or more)."""
+    return 64 * ((x + 63) // 64)
+
+
 def random_matrix(rows, cols, dtype, device, layout="row"):
-    """A random [rows, cols] matrix: row-major, a transposed view ("col"), or a slice with a
+    """A random [rows, cols] matrix: row-major, a transposed view ("col"), either of them with
+    its leading dimension padded to a multiple of 64 elements ("padded-row", "padded-col"), so
+    that 16-byte copies and TMA can address it whatever rows and cols are, or a slice with a
     storage offset and a padded row stride ("sliced")."""
+    if layout == "padded-row":
+        return torch.randn(rows, padded(cols), device=device).to(dtype)[:, :cols]
+    if layout == "padded-col":
+        return torch.randn(cols, padded(rows), device=device).to(dtype)[:, :rows].t()
     if layout == "row":
         return torch.randn(rows, cols, device=device).to(dtype)
     if layout == "col":

@@ -10,12 +10,11 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
-                      launched_kernels, random_matrix)
+from conftest import (assert_matches_reference, capture_graph, gpu_available, gpu_capability,
+                      kernel_sass, launched_kernels, random_matrix, sm90a_available)
 
-pytestmark = pytest.mark.skipif(
-    not gpu_available() or "skinny" not in mmv.algorithms("cuda"),
-    reason="needs a CUDA build and an sm_80+ GPU")
+pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
+                                reason="needs a CUDA build and an sm_80+ GPU")
 
 DTYPE_BY_C10_NAME = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 LAYOUTS = [("row", "col"), ("row", "row"), ("col", "col"), ("col", "row")]  # first: x @ w.t()
@@ -38,6 +37,12 @@ def algorithm_dtypes() -> list:
 
 
 ALGORITHM_DTYPES = algorithm_dtypes()
+
+
+def test_listed_where_they_run():
+    """skinny on every sm_80+ GPU, skinny_tma only where sm_90a code runs."""
+    expected = ["skinny"] + (["skinny_tma"] if sm90a_available() else [])
+    assert skinny_algorithms() == expected
 
 
 def sizes() -> list[tuple[int, int, int]]:
@@ -166,7 +171,7 @@ def test_training_through_a_skinny_linear(algorithm):
         assert (ours.double() - theirs).norm() / theirs.norm() < 1e-2
 
 
-@pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 def test_tma_kernels_use_tma_and_wgmma():
     """skinny_tma streams the weight with TMA (UTMALDG), multiplies with HGMMA and keeps its
     few accumulators in registers (no local memory)."""
@@ -205,7 +210,7 @@ def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     assert_matches_reference(x, w.t(), "auto")
 
 
-@pytest.mark.skipif("skinny_tma" not in skinny_algorithms(), reason="needs sm_90 and sm_90a")
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_tma_ring_sizes(dtype):
     """skinny_tma runs two blocks per SM (96 KB rings) or one (192 KB) where that leaves the

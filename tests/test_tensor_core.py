@@ -10,16 +10,20 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (TF32_TOLERANCE, assert_matches_reference, gpu_available, kernel_sass,
+from conftest import (TF32_TOLERANCE, assert_matches_reference, gpu_capability, kernel_sass,
                       relative_error)
 
 ALGORITHM = "tensor_core"
 
 pytestmark = [
     pytest.mark.cuda,
-    pytest.mark.skipif(not gpu_available() or ALGORITHM not in mmv.algorithms("cuda"),
+    pytest.mark.skipif(gpu_capability() < (8, 0),
                        reason="needs a CUDA build and a GPU of compute capability 8.0 or newer"),
 ]
+
+
+def test_listed_on_sm80_and_newer():
+    assert ALGORITHM in mmv.algorithms("cuda")
 
 
 @pytest.fixture

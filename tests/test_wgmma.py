@@ -14,17 +14,13 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
-                      launched_kernels)
+                      launched_kernels, random_matrix, sm90a_available)
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
 
 
-def is_sm90() -> bool:
-    return gpu_available() and torch.cuda.get_device_capability() == (9, 0)
-
-
-needs_sm90 = pytest.mark.skipif(not is_sm90() or ALGORITHM not in mmv.algorithms("cuda"),
+needs_sm90 = pytest.mark.skipif(not sm90a_available(),
                                 reason="needs an sm_90 GPU and a build with the sm_90a target")
 pytestmark = pytest.mark.cuda
 # The planner's expected grids are those of a GPU with 132 SMs (H100 SXM and H200).
@@ -34,16 +30,17 @@ needs_132_sms = pytest.mark.skipif(
 
 
 def padded_view(rows, cols, layout, dtype):
-    """A [rows, cols] view whose leading dimension is padded to a multiple of 64 elements, so TMA
-    can address it (16-byte aligned base and stride) whatever rows and cols are."""
-    def pad(x):
-        return 64 * ((x + 63) // 64)
-    if layout == "row":
-        return torch.randn(rows, pad(cols), device="cuda").to(dtype)[:, :cols]
-    return torch.randn(cols, pad(rows), device="cuda").to(dtype)[:, :rows].t()
+    """A [rows, cols] view that TMA can address (16-byte aligned base and stride) whatever rows
+    and cols are."""
+    return random_matrix(rows, cols, dtype, "cuda", f"padded-{layout}")
 
 
-@pytest.mark.skipif(not gpu_available() or is_sm90(), reason="needs a GPU other than sm_90")
+def test_only_cuda_builds_report_sm90a():
+    assert mmv.has_cuda() or not mmv._C.has_sm90a()
+
+
+@pytest.mark.skipif(not gpu_available() or sm90a_available(),
+                    reason="needs a GPU other than sm_90, or a build without sm_90a")
 def test_refused_by_name_on_other_gpus():
     assert ALGORITHM not in mmv.algorithms("cuda")
     a = torch.randn(64, 64, device="cuda", dtype=torch.float16)

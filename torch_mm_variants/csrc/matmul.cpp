@@ -212,4 +212,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return false;
 #endif
   }, "Whether this build contains the CUDA kernels");
+  m.def("has_sm90a", []() {
+#ifdef MM_VARIANTS_WITH_CUDA
+    return mm_variants::cuda::built_with_sm90a();
+#else
+    return false;
+#endif
+  }, "Whether this build contains the sm_90a kernels (wgmma, TMA) of the Hopper rungs");
 }

@@ -36,4 +36,12 @@ std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const a
 // A fresh [m, n] output (NaN-filled when output poisoning is on, for the tests).
 at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options);
 
+#ifdef MM_VARIANTS_WITH_CUDA
+namespace cuda {
+// Whether this build compiled the sm_90a kernels (wgmma, TMA); defined in cuda/matmul_cuda.cu,
+// since the flag that says so reaches only nvcc.
+bool built_with_sm90a();
+}  // namespace cuda
+#endif
+
 }  // namespace mm_variants

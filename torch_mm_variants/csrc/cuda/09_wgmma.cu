@@ -1107,23 +1107,18 @@ bool token_tiles_fill(int64_t M, int64_t N, int64_t K, int sms, double min_fill 
   return tiles <= sms && tiles >= 0.7 * sms && tokens_fill && (replaces_split || replaces_narrow);
 }
 
-// Whether one wave of 96-token tiles takes the product (token_tiles_fill), or else one of 80-token
-// tiles, 97% full, where neither narrow (128 x 128) nor 128 x 64 tiles fill the wave. On the H100
-// (bf16, nn.Linear layout, both timings, two rounds) 80-token tiles took 0.78-1.00 of the time of
-// the plans they replaced at 80-1040 tokens against weights of 1024-14336 rows (K = 1024-4096;
-// 320 x 4096 x 4096: 0.75x to 0.80x of torch.mm back to back; 720 x 1536 x 4096: 0.56x to 0.72x),
-// and 0.89-0.94 with L2 cleared but 1.01-1.05 back to back at 312 and 624 tokens (the last tile
-// partly empty). They took 1.07-1.08 where they replaced narrow tiles (160 x 8192 x 4096),
-// 1.01-1.23 where they would replace 128 x 64 tiles (240 tokens on 4096 rows, 480 on 2048), and
-// 1.05-1.08 at 608 tokens on 2048 rows, whose tiles are 95% full.
-template <class S>
-bool token_wave_takes(int64_t M, int64_t N, int64_t K, int sms) {
-  if constexpr (std::is_same_v<S, Tokens96Tile>) {
-    return token_tiles_fill<S>(M, N, K, sms);
-  } else {
-    return !token_tiles_fill<Tokens96Tile>(M, N, K, sms) && !narrow_tiles_fill(M, N, sms) &&
-           !slim_tiles_fill(M, N, K, sms) && token_tiles_fill<S>(M, N, K, sms, 0.97);
-  }
+// Whether one wave of 80-token tiles, 97% full, takes a product that 96-token tiles do not: where
+// neither narrow (128 x 128) nor 128 x 64 tiles fill the wave. On the H100 (bf16, nn.Linear
+// layout, both timings, two rounds) 80-token tiles took 0.78-1.00 of the time of the plans they
+// replaced at 80-1040 tokens against weights of 1024-14336 rows (K = 1024-4096; 320 x 4096 x 4096:
+// 0.75x to 0.80x of torch.mm back to back; 720 x 1536 x 4096: 0.56x to 0.72x), and 0.89-0.94 with
+// L2 cleared but 1.01-1.05 back to back at 312 and 624 tokens (the last tile partly empty). They
+// took 1.07-1.08 where they replaced narrow tiles (160 x 8192 x 4096), 1.01-1.23 where they would
+// replace 128 x 64 tiles (240 tokens on 4096 rows, 480 on 2048), and 1.05-1.08 at 608 tokens on
+// 2048 rows, whose tiles are 95% full.
+bool eighty_token_wave_takes(int64_t M, int64_t N, int64_t K, int sms) {
+  return !narrow_tiles_fill(M, N, sms) && !slim_tiles_fill(M, N, K, sms) &&
+         token_tiles_fill<Tokens80Tile>(M, N, K, sms, 0.97);
 }
 
 // Launches the nn.Linear product transposed in one wave of token tiles S, unpaired, over all of K.
@@ -1192,8 +1187,8 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
   }
 }
 
-// In the nn.Linear layout, one wave of transposed 96- or 80-token tiles where token_wave_takes says
-// so.
+// In the nn.Linear layout, one wave of transposed 96-token tiles where token_tiles_fill says so,
+// or else of 80-token tiles where eighty_token_wave_takes does.
 // Narrow tiles that fill most SMs in one wave run unsplit (e.g. up to 128 tokens against a
 // 14336-row weight: 6-9% faster than wide tiles split two ways, H100), then 128 x 64 tiles where
 // slim_tiles_fill says so. Then outputs that leave at least half the SMs without a wide tile split
@@ -1207,12 +1202,10 @@ template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
-    if (token_wave_takes<Tokens96Tile>(g.M, g.N, g.K, sms)) {
+    if (token_tiles_fill<Tokens96Tile>(g.M, g.N, g.K, sms)) {
       return launch_token_wave<Tokens96Tile>(g, epi);
     }
-    if (token_wave_takes<Tokens80Tile>(g.M, g.N, g.K, sms)) {
-      return launch_token_wave<Tokens80Tile>(g, epi);
-    }
+    if (eighty_token_wave_takes(g.M, g.N, g.K, sms)) return launch_token_wave<Tokens80Tile>(g, epi);
   }
   if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
   if (slim_tiles_fill(g.M, g.N, g.K, sms)) return launch_tiles<SlimTile>(g, epi, false);

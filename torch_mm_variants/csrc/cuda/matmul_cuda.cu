@@ -18,6 +18,15 @@ at::Tensor matmul_cuda(const at::Tensor& a, const at::Tensor& b, c10::string_vie
 }
 
 }  // namespace
+
+bool built_with_sm90a() {
+#if defined(MM_VARIANTS_WITH_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
 }  // namespace mm_variants::cuda
 
 TORCH_LIBRARY_IMPL(mm_variants, CUDA, m) { m.impl("matmul", &mm_variants::cuda::matmul_cuda); }
