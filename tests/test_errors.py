@@ -45,6 +45,27 @@ def test_vmap_refuses_like_eager(a_shape, a_dim, b_shape, b_dim):
         torch.vmap(op, in_dims=(a_dim, b_dim))(a, b)
 
 
+@pytest.mark.parametrize("op,shapes,in_dims", [
+    (torch.ops.mm_variants.matmul, [(3, 2, 4), (3, 5, 6)], (0, 0)),  # K differs
+    (torch.ops.mm_variants.matmul, [(3, 2, 4), (5, 6)], (0, None)),
+    (torch.ops.mm_variants.bmm, [(5,), (3, 4)], (0, None)),  # scalar entries
+    (torch.ops.mm_variants.bmm, [(5, 2, 2, 3), (5, 3, 3, 4)], (0, 0)),  # batch sizes differ
+    (torch.ops.mm_variants.bmm, [(3, 2, 2, 4), (3, 2, 5, 6)], (0, 0)),  # K differs
+    (torch.ops.mm_variants.linear, [(7,), (5, 7)], (0, None)),  # scalar x: 7 of them, K = 7
+    (torch.ops.mm_variants.linear, [(3, 2, 4), (5, 6)], (0, None)),  # K differs
+])
+def test_vmap_of_every_op_refuses_like_eager(op, shapes, in_dims):
+    """Under torch.vmap, each op refuses entries with eager mode's message for one entry: not
+    with the sizes of the whole batch, and not by computing something else (seven scalars x
+    against a weight [5, 7] read as one row of K = 7 gave one output of 5 for 7 entries)."""
+    inputs = [torch.randn(shape) for shape in shapes]
+    entries = [t if d is None else t.select(d, 0) for t, d in zip(inputs, in_dims)]
+    with pytest.raises(RuntimeError) as refused:
+        op(*entries)
+    with raises(re.escape(str(refused.value))):
+        torch.vmap(op, in_dims=in_dims)(*inputs)
+
+
 def test_shapes_cannot_be_multiplied():
     with raises(r"shapes cannot be multiplied \(2x3 and 4x5\)"):
         mmv.matmul(torch.randn(2, 3), torch.randn(4, 5))

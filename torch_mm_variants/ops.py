@@ -118,18 +118,31 @@ def _per_entry(op, size: int, inputs, in_dims, *options) -> torch.Tensor:
     return torch.stack(outs)
 
 
-def _entry_dim(t: torch.Tensor, dim) -> int:
-    """The number of dimensions of each vmapped entry of t (vmapped at `dim`, or None)."""
-    return t.dim() - (dim is not None)
+def _entry_shape(t: torch.Tensor, dim) -> tuple:
+    """The shape of each vmapped entry of t (vmapped at `dim`, or None)."""
+    return tuple(t.shape) if dim is None else tuple(t.shape[:dim] + t.shape[dim + 1:])
+
+
+# Whether one entry's operands pass the op's shape checks. The rules below batch only entries
+# that do: batched, others could pass the batched op's checks (a batched 1-D b looks like one
+# shared matrix, a batch of scalars x like one row) or fail them with the sizes of the whole
+# batch, which the caller never passed. One by one, the op refuses them as in eager mode.
+
+def _matmul_entries_fit(a: tuple, b: tuple) -> bool:
+    return len(a) == 2 and len(b) == 2 and a[1] == b[0]
+
+
+def _bmm_entries_fit(a: tuple, b: tuple) -> bool:
+    return (len(a) == 3 and len(b) in (2, 3) and (len(b) == 2 or b[0] == a[0])
+            and a[2] == b[-2])
 
 
 @torch.library.register_vmap("mm_variants::matmul")
 def _matmul_vmap(info, in_dims, a, b, algorithm="auto"):
-    """One bmm of every entry's product, an unbatched b shared. Entries that are not two matrices
-    run one by one, so that matmul refuses them as it does in eager mode; as a batch they could
-    pass bmm's checks (a batched 1-D b looks like one shared matrix)."""
+    """One bmm of every entry's product, an unbatched b shared. Entries that matmul refuses run
+    one by one, so that it refuses them as it does in eager mode."""
     a_dim, b_dim = in_dims[0], in_dims[1]
-    if _entry_dim(a, a_dim) != 2 or _entry_dim(b, b_dim) != 2:
+    if not _matmul_entries_fit(_entry_shape(a, a_dim), _entry_shape(b, b_dim)):
         return _per_entry(torch.ops.mm_variants.matmul, info.batch_size, (a, b), in_dims,
                           algorithm), 0
     a_batch = _batch_first(a, a_dim, info.batch_size)
@@ -140,11 +153,13 @@ def _matmul_vmap(info, in_dims, a, b, algorithm="auto"):
 @torch.library.register_vmap("mm_variants::bmm")
 def _bmm_vmap(info, in_dims, a, b, algorithm="auto"):
     """V entries of batches of B products: one bmm of V * B products where a is batched and b is
-    either shared by all of them or batched too; otherwise one bmm per entry (no copies of an
-    operand that all entries share)."""
+    either shared by all of them or batched too; otherwise, or where bmm refuses the entries, one
+    bmm per entry (no copies of an operand that all entries share)."""
     a_dim, b_dim = in_dims[0], in_dims[1]
     size = info.batch_size
-    if a_dim is not None and (b_dim is not None and b.dim() == 4 or b_dim is None and b.dim() == 2):
+    fit = _bmm_entries_fit(_entry_shape(a, a_dim), _entry_shape(b, b_dim))
+    if fit and a_dim is not None and (b_dim is not None and b.dim() == 4 or b_dim is None
+                                      and b.dim() == 2):
         a_batch = a.movedim(a_dim, 0)
         b_flat = b if b_dim is None else b.movedim(b_dim, 0).flatten(0, 1)
         out = torch.ops.mm_variants.bmm(a_batch.flatten(0, 1), b_flat, algorithm)
@@ -155,9 +170,12 @@ def _bmm_vmap(info, in_dims, a, b, algorithm="auto"):
 @torch.library.register_vmap("mm_variants::linear")
 def _linear_vmap(info, in_dims, x, weight, bias=None, activation="none", algorithm="auto"):
     """A vmapped x is one more leading dimension, which linear takes as it is; per-entry weights
-    or biases run one linear per entry."""
+    or biases, and x entries that linear refuses (scalars, a wrong K), run one linear per
+    entry."""
     x_dim, weight_dim, bias_dim = (*in_dims, None)[:3]  # in_dims has no entry for an omitted bias
-    if weight_dim is None and bias_dim is None:
+    x_entry = _entry_shape(x, x_dim)
+    if (weight_dim is None and bias_dim is None and len(x_entry) >= 1
+            and (weight.dim() != 2 or x_entry[-1] == weight.shape[1])):
         return torch.ops.mm_variants.linear(x.movedim(x_dim, 0), weight, bias, activation,
                                             algorithm), 0
     return _per_entry(torch.ops.mm_variants.linear, info.batch_size, (x, weight, bias),
