@@ -85,6 +85,24 @@ def test_non_strided_operands_are_refused_by_name(to_layout):
                    else torch.randn(5).to_sparse())  # CSR needs two dimensions
     with raises(r"bmm: b " + message):
         mmv.matmul(torch.randn(2, 3, 4), to_layout(w.t().contiguous()))
+    # matmul's kernels are registered per dispatch key: these layouts have keys of their own.
+    with raises(r"matmul: a " + message):
+        mmv.matmul(to_layout(x), w.t())
+    with raises(r"matmul: b " + message):
+        mmv.matmul(x, to_layout(w.t().contiguous()))
+    with raises(r"matmul: a " + message):
+        mmv.matmul(to_layout(x), w.t().contiguous().requires_grad_())
+
+
+def test_quantized_operands_are_refused_by_name():
+    """A quantized tensor has a dispatch key of its own too; each op names its dtype."""
+    q = torch.quantize_per_tensor(torch.randn(3, 4), 0.1, 0, torch.qint8)
+    with raises(r"matmul: unsupported dtype QInt8"):
+        mmv.matmul(q, q.t())
+    with raises(r"matmul: unsupported dtype QInt8"):
+        mmv.linear(q, q)
+    with raises(r"matmul: unsupported dtype QInt8"):
+        mmv.matmul(q.unsqueeze(0), q.t())
 
 
 def test_different_dtypes():

@@ -163,6 +163,21 @@ TORCH_LIBRARY(mm_variants, m) {
 
 TORCH_LIBRARY_IMPL(mm_variants, CPU, m) { m.impl("matmul", &mm_variants::matmul); }
 
+// An operand of another layout (sparse, mkldnn) or a quantized one sends the call to its own
+// dispatch key, where without a kernel the dispatcher's "Could not run ... backend" error would
+// answer. matmul's checks refuse it by name there before reading anything, as bmm's and linear's
+// (CompositeExplicitAutograd, which covers these keys) do.
+#define MM_VARIANTS_REFUSE_ON(key) \
+  TORCH_LIBRARY_IMPL(mm_variants, key, m) { m.impl("matmul", &mm_variants::matmul); }
+MM_VARIANTS_REFUSE_ON(SparseCPU)
+MM_VARIANTS_REFUSE_ON(SparseCUDA)
+MM_VARIANTS_REFUSE_ON(SparseCsrCPU)
+MM_VARIANTS_REFUSE_ON(SparseCsrCUDA)
+MM_VARIANTS_REFUSE_ON(MkldnnCPU)
+MM_VARIANTS_REFUSE_ON(QuantizedCPU)
+MM_VARIANTS_REFUSE_ON(QuantizedCUDA)
+#undef MM_VARIANTS_REFUSE_ON
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("algorithms", &mm_variants::algorithm_names,
         "Names of the algorithms that can run on a device ('cpu', 'cuda', 'cuda:1'), in ladder "
