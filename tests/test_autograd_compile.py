@@ -368,6 +368,29 @@ def test_linear_from_linear_keeps_training_mode_and_refuses_parametrized_layers(
         mmv.Linear.from_linear(normed)
 
 
+def test_linear_from_linear_keeps_what_the_source_computes():
+    """A Linear source keeps its activation (it was dropped: relu layers came back without
+    relu), and a subclass with its own forward, which the new layer would skip, is refused."""
+    torch.manual_seed(0)
+    source = mmv.Linear(4, 3, algorithm="tiled", activation="relu")
+    converted = mmv.Linear.from_linear(source, algorithm="parallel")
+    assert converted.activation == "relu" and converted.algorithm == "parallel"
+    x = torch.randn(5, 4)
+    assert torch.equal(converted(x), mmv.Linear.from_linear(source, algorithm="tiled")(x))
+    assert relative_error(converted(x), torch.relu(nn.functional.linear(x, source.weight,
+                                                                   source.bias)).double()) < 1e-6
+
+    class Scaled(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 10
+
+    with pytest.raises(ValueError, match="Scaled defines its own forward"):
+        mmv.Linear.from_linear(Scaled(4, 3))
+    # A subclass that keeps nn.Linear's forward converts (MultiheadAttention's out_proj).
+    out_proj = nn.MultiheadAttention(4, 2).out_proj
+    assert mmv.Linear.from_linear(out_proj).weight is out_proj.weight
+
+
 def test_swap_linear_keeps_hooks_and_leaves_subclasses_alone():
     """A swapped layer is the same module with the same hooks; a subclass of nn.Linear (its own
     forward) and a weight-normed layer (a computed weight) keep running as they did."""

@@ -77,21 +77,28 @@ class Linear(nn.Linear):
 
     @classmethod
     def from_linear(cls, linear: nn.Linear, algorithm: str = "auto") -> "Linear":
-        """A Linear sharing `linear`'s parameters (no copy), in its training mode.
+        """A Linear sharing `linear`'s parameters (no copy), in its training mode; a source that
+        is a Linear itself keeps its activation.
 
         A parametrized layer (e.g. weight_norm) is refused with a ValueError: its weight is
         computed from other parameters on every call, and a copy of today's value would be a
-        frozen tensor that no optimizer updates.
+        frozen tensor that no optimizer updates. So is a subclass of nn.Linear with a forward
+        of its own, which the new layer would not run (swap_linear leaves those as they are).
         """
         if parametrize.is_parametrized(linear):
             raise ValueError("Linear.from_linear: the layer is parametrized (its weight is "
                              "computed on every call, e.g. by weight_norm); remove the "
                              "parametrization first, or keep the layer as it is")
+        if type(linear).forward not in (nn.Linear.forward, Linear.forward):
+            raise ValueError(f"Linear.from_linear: {type(linear).__name__} defines its own "
+                             "forward, which the new layer would not run; keep the layer as "
+                             "it is")
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
         new.weight, new.bias = linear.weight, linear.bias
-        new.algorithm, new.activation = algorithm, "none"
+        new.algorithm = algorithm
+        new.activation = linear.activation if isinstance(linear, Linear) else "none"
         new.train(linear.training)
         return new
 
