@@ -62,6 +62,23 @@ def test_backward_after_tf32_is_switched_off(tf32_settings):
     assert relative_error(b.grad, a.double().t() @ grad.double()) < 1e-5
 
 
+def test_linear_backward_with_activation_after_tf32_is_switched_off(tf32_settings):
+    """A linear's backward recomputes its pre-activation output; after TF32 was switched off
+    that product too runs on `auto` rather than into tensor_core's refusal."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    x, weight = (t.requires_grad_() for t in float32_inputs(m=64, n=96, k=80))
+    out = mmv.linear(x, weight.t(), None, "gelu", ALGORITHM)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.set_float32_matmul_precision("highest")
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    x64, w64 = x.detach().double().requires_grad_(), weight.detach().double().requires_grad_()
+    torch.nn.functional.gelu(x64 @ w64).backward(grad.double())
+    # The forward ran in TF32, so the gradients carry its error through the gelu's slope.
+    assert relative_error(x.grad, x64.grad) < TF32_TOLERANCE
+    assert relative_error(weight.grad, w64.grad) < TF32_TOLERANCE
+
+
 @pytest.mark.parametrize("enable", ["allow_tf32", "precision_high", "precision_medium"])
 def test_float32_runs_in_tf32_when_allowed(tf32_settings, enable):
     torch.backends.cuda.matmul.allow_tf32 = False

@@ -202,9 +202,11 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const at::Tensor rows = as_rows(x);
     at::Tensor grad_rows = as_rows(grads[0]);
     if (activation != Activation::kNone) {
+      // Recomputed as the forward's product, which the algorithm may refuse by now (TF32
+      // switched off since the forward pass), as for the gradients' products below.
       const at::Tensor pre = linear_op(
           x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, "none",
-          algorithm);
+          gradient_algorithm(algorithm, rows, weight.t()));
       grad_rows = activation_grad(grad_rows, as_rows(pre), activation);
     }
     at::Tensor grad_x, grad_weight, grad_bias;
