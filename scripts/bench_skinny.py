@@ -112,7 +112,8 @@ def main(argv=None) -> int:
     algorithms = (args.algorithms.split(",") if args.algorithms else
                   ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
     time_us = graph_us if args.timing == "graph" else flush_us
-    print(f"# {', '.join(algorithms)} vs torch.mm on {torch.cuda.get_device_name()}, "
+    gpu = torch.cuda.get_device_name()  # in every row too: the data names its GPU
+    print(f"# {', '.join(algorithms)} vs torch.mm on {gpu}, "
           f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]; us (speed-up over torch.mm), "
           f"{args.timing} timing")
     print("| dtype | M | N | K | torch.mm us | torch.mm GB/s | "
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
                         continue
                     us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
                     times.append(us)
-                    rows.append({"dtype": dtype_name, "m": m, "n": n, "k": k,
+                    rows.append({"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
                                  "timing": args.timing, "algorithm": algorithm, "us": us,
                                  "rel_error": err,
                                  "gbs": weight_bytes / us / 1e3})

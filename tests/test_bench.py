@@ -7,6 +7,7 @@ import pathlib
 import subprocess
 
 import pytest
+import torch
 
 import torch_mm_variants as mmv
 from torch_mm_variants import bench
@@ -22,6 +23,8 @@ def test_bench_cpu_writes_rows(tmp_path, capsys):
     assert any(n.startswith("auto (") for n in names)
     assert all(r["ok"] and r["ms"] > 0 and r["gflops"] > 0 for r in rows)
     assert {(r["m"], r["n"], r["k"]) for r in rows} == {(33, 33, 33), (20, 9, 70)}
+    # The data names the machine, as the printed table's title does.
+    assert {r["device_name"] for r in rows} == {bench.device_name(torch.device("cpu"))}
     table = capsys.readouterr().out
     assert "| algorithm | ms | GFLOP/s | % of torch.mm |" in table and "CPU" in table
 
@@ -34,6 +37,7 @@ def test_bench_csv_and_algorithm_subset(tmp_path):
         rows = list(csv.DictReader(f))
     assert [r["algorithm"] for r in rows] == ["naive", "parallel", "torch.mm"]
     assert all(r["dtype"] == "bfloat16" for r in rows)
+    assert all(r["device_name"].startswith("CPU (") for r in rows)
 
 
 def test_parse_size():

@@ -20,6 +20,7 @@ def test_swapped_decoder_matches_and_compiles(tmp_path):
         (mode, phase, tokens) for mode in ["eager", "compile"]
         for phase, tokens in [("prefill", 24), ("decode", 1), ("decode", 5)]]
     assert all(r["max_rel_diff"] < 1e-4 and r["ours_ms"] > 0 and r["original_ms"] > 0 for r in rows)
+    assert {r["device_name"] for r in rows} == {model_bench.bench.device_name(torch.device("cpu"))}
 
 
 def test_every_linear_is_swapped():

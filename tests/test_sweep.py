@@ -4,9 +4,10 @@ from __future__ import annotations
 import csv
 
 import pytest
+import torch
 
 import torch_mm_variants as mmv
-from torch_mm_variants import sweep
+from torch_mm_variants import bench, sweep
 
 
 def test_sweep_cpu_rows_and_plot(tmp_path, monkeypatch):
@@ -23,6 +24,7 @@ def test_sweep_cpu_rows_and_plot(tmp_path, monkeypatch):
     assert len(rows) == 3 * (len(mmv.algorithms("cpu")) + 2)
     assert all(float(r["rel_error"]) < 1e-5 and float(r["tflops"]) > 0 for r in rows)
     assert all(r["ok"] == "True" for r in rows)
+    assert {r["device_name"] for r in rows} == {bench.device_name(torch.device("cpu"))}
     assert png.stat().st_size > 10_000
 
 

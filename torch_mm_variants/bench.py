@@ -47,6 +47,7 @@ def tolerance_for(dtype: torch.dtype, tf32: bool) -> float:
 @dataclass
 class Row:
     device: str
+    device_name: str  # the GPU's (or CPU's) name: a ratio to torch.mm means little without it
     dtype: str
     m: int
     n: int
@@ -156,12 +157,13 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
     reference = a0.double() @ b0.double()
     tolerance = tolerance_for(dtype, tf32)
     flop = 2.0 * m * n * k
+    device_label = device_name(device)
     baseline_times, rows = [], []
 
     def row(name, ms, baseline_ms, err):
-        return Row(str(device), str(dtype).removeprefix("torch."), m, n, k, name, ms,
-                   flop / ms / 1e6 if ms > 0 else 0.0, 100.0 * baseline_ms / ms if ms > 0 else 0.0,
-                   err, err <= tolerance)
+        return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,
+                   ms, flop / ms / 1e6 if ms > 0 else 0.0,
+                   100.0 * baseline_ms / ms if ms > 0 else 0.0, err, err <= tolerance)
 
     for index, name in enumerate(algorithms):
         progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")

@@ -152,6 +152,7 @@ def run(args) -> list[dict]:
         modes.append(("compile", torch.compile(original, fullgraph=True, dynamic=False),
                       torch.compile(swapped, fullgraph=True, dynamic=False)))
     steps = [("prefill", args.prefill)] + [("decode", t) for t in args.decode]
+    device_label = bench.device_name(device)  # in every row: the data names its GPU
     rows = []
     for mode, reference_model, our_model in modes:
         for phase, tokens_in_flight in steps:
@@ -165,7 +166,8 @@ def run(args) -> list[dict]:
             ms = time_step(our_model, tokens, device, args.repeat)
             after = time_step(reference_model, tokens, device, args.repeat)
             reference_ms = statistics.mean([before, after])
-            rows.append({"mode": mode, "phase": phase, "tokens": tokens_in_flight,
+            rows.append({"device_name": device_label, "mode": mode, "phase": phase,
+                         "tokens": tokens_in_flight,
                          "original_ms": reference_ms, "ours_ms": ms,
                          "speedup": reference_ms / ms, "max_abs_diff": diff,
                          "max_rel_diff": relative})

@@ -44,10 +44,12 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
     a0, b0 = inputs[0]
     reference = a0.double() @ b0.double()
     bytes_moved = (m * k + k * n + m * n) * a0.element_size()
+    device_label = bench.device_name(device)  # in every row: the data names its GPU
     rows = []
 
     def row(name, ms, err):
-        return {"family": family, "m": m, "n": n, "k": k, "dtype": str(dtype).removeprefix("torch."),
+        return {"device_name": device_label, "family": family, "m": m, "n": n, "k": k,
+                "dtype": str(dtype).removeprefix("torch."),
                 "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else 0.0,
                 "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "rel_error": err,
                 "ok": err <= tolerance}
