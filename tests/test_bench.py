@@ -99,3 +99,23 @@ def test_bench_script_keeps_the_callers_directory(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert [r["algorithm"] for r in rows] == ["naive", "torch.mm"] and all(r["ok"] for r in rows)
+
+
+@pytest.mark.parametrize("mnk,dtype", [((256, 256, 256), torch.float32),
+                                       ((512, 512, 512), torch.float32),
+                                       ((1024, 1024, 1024), torch.bfloat16),
+                                       ((2048, 2048, 2048), torch.bfloat16),
+                                       ((64, 4096, 4096), torch.bfloat16),
+                                       ((4096, 4096, 4096), torch.float32)])
+def test_input_rotation_outgrows_an_h100_l2(mnk, dtype, monkeypatch):
+    """The input sets cycled on the GPU read at least twice L2's bytes (50 MB on an H100), so
+    that no call finds its operands in L2 from an earlier call."""
+    l2_bytes = 50 * 2**20
+    monkeypatch.setattr(torch.cuda, "get_device_properties",
+                        lambda device: type("Properties", (), {"L2_cache_size": l2_bytes}))
+    m, n, k = mnk
+    sets = bench.input_sets_needed(m, n, k, dtype, torch.device("cuda"))
+    operand_bytes = (m * k + k * n) * dtype.itemsize  # what a call reads
+    assert sets * operand_bytes >= 2 * l2_bytes
+    assert sets == 1 or (sets - 1) * operand_bytes < 4 * l2_bytes  # and not many more
+    assert bench.input_sets_needed(1, 1, 1, dtype, torch.device("cuda")) == 1024  # bounded

@@ -87,12 +87,19 @@ def make_inputs(m, n, k, dtype, device, sets, weight_layout=False):
 
 
 def input_sets_needed(m, n, k, dtype, device) -> int:
-    """Enough input sets that cycling them cannot be served from the GPU's L2 cache."""
+    """Enough input sets that cycling them cannot be served from the GPU's L2 cache: the
+    operands read over one cycle come to three times L2. Outputs are not counted: each call's
+    output is freed before the next, whose new one the caching allocator puts in the same place.
+    A bound of 8 sets left products up to 1024^3 in bfloat16 (8 x 4 MB) in the 50 MB of an H100's
+    L2. The bound of 1024 sets caps only products whose operands come to under 150 KB on an
+    H100 (smaller than 256^3 in float16): read from memory, those take a small fraction of a
+    microsecond, nothing beside a kernel launch, and a 1x1x1 product would need millions of
+    sets."""
     if device.type != "cuda":
         return 1
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
-    set_bytes = (m * k + k * n + m * n) * torch.finfo(dtype).bits // 8
-    return min(8, max(1, math.ceil(3 * l2_bytes / max(set_bytes, 1))))
+    operand_bytes = (m * k + k * n) * dtype.itemsize
+    return min(1024, max(1, math.ceil(3 * l2_bytes / max(operand_bytes, 1))))
 
 
 def cycling(fn, inputs):
