@@ -69,3 +69,30 @@ def test_unknown_family_or_algorithm_gets_a_usage_error(option, value, valid, ca
     err = capsys.readouterr().err
     assert option in err and value in err
     assert all(name in err for name in valid)
+
+
+def test_torch_mm_is_timed_beside_each_algorithm(tmp_path, monkeypatch):
+    """torch.mm is timed right before and right after each algorithm, whose row compares it
+    with the mean of those two; torch.mm's row gives the median of all of its timings."""
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("square", 16, 16, 16, False)])
+    ran, timed = [], []
+    mm, product = torch.mm, mmv.matmul
+    monkeypatch.setattr(torch, "mm", lambda a, b: ran.append("torch.mm") or mm(a, b))
+    monkeypatch.setattr(mmv, "matmul", lambda a, b, name="auto": ran.append(name)
+                        or product(a, b, name))
+
+    def fake_time_ms(step, device, repeat):  # a clock that rises with every measurement
+        step()
+        timed.append(ran[-1])
+        return float(len(timed))
+
+    monkeypatch.setattr(sweep.bench, "time_ms", fake_time_ms)
+    out = tmp_path / "s.csv"
+    assert sweep.main(["--device", "cpu", "--dtype", "float32", "--algorithms", "naive,parallel",
+                       "--output", str(out), "--plot", ""]) == 0
+    assert timed == ["torch.mm", "naive", "torch.mm", "torch.mm", "parallel", "torch.mm"]
+    rows = {r["algorithm"]: r for r in csv.DictReader(open(out))}
+    assert float(rows["naive"]["ms"]) == 2 and float(rows["naive"]["torch_mm_ms"]) == 2
+    assert float(rows["parallel"]["ms"]) == 5 and float(rows["parallel"]["torch_mm_ms"]) == 5
+    assert float(rows["parallel"]["pct_of_torch_mm"]) == 100
+    assert float(rows["torch.mm"]["ms"]) == 3.5  # the median of 1, 3, 4 and 6

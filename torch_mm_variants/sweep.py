@@ -5,15 +5,17 @@
 Two families of shapes: squares (M = N = K) and the nn.Linear shapes of real models, with the
 weight given as [N, K] (b = w.t()) and M the number of tokens, from decode (M = 1) to prefill.
 Each point is checked against a float64 reference before it is timed (bench.py's tolerances and
-timer, torch.mm measured beside it); a point beyond the tolerance is not timed, its row says
-ok=False and FAILED is printed for it, and the exit status is 1. A kernel whose last point took
-longer than --time-cap seconds is not run at larger sizes of that family (the teaching rungs at
+timer); torch.mm is timed right before and after each algorithm, and the row's torch_mm_ms and
+pct_of_torch_mm compare it with the mean of the two. A point beyond the tolerance is not timed,
+its row says ok=False and FAILED is printed for it, and the exit status is 1. A kernel whose last
+point took longer than --time-cap seconds is not run at larger sizes of that family (the teaching rungs at
 8192^3), and its rows say so.
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import statistics
 import sys
 
 import torch
@@ -38,7 +40,9 @@ def shapes(device: torch.device) -> list[tuple[str, int, int, int, bool]]:
 def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_cap,
             tolerance):
     """Rows for one shape: each algorithm (unless capped) and torch.mm. A result further than
-    `tolerance` from the float64 reference is reported as failed and not timed."""
+    `tolerance` from the float64 reference is reported as failed and not timed. torch.mm is
+    timed right before and after each algorithm, and the algorithm's row compares it with the
+    mean of the two; torch.mm's own row gives the median of all of them."""
     inputs = bench.make_inputs(m, n, k, dtype, device,
                                bench.input_sets_needed(m, n, k, dtype, device), weight_layout)
     a0, b0 = inputs[0]
@@ -47,28 +51,44 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
     device_label = bench.device_name(device)  # in every row: the data names its GPU
     rows = []
 
-    def row(name, ms, err):
+    def row(name, ms, err, torch_mm_ms):
         return {"device_name": device_label, "family": family, "m": m, "n": n, "k": k,
                 "dtype": str(dtype).removeprefix("torch."),
                 "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else 0.0,
-                "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "rel_error": err,
-                "ok": err <= tolerance}
+                "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "torch_mm_ms": torch_mm_ms,
+                "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else 0.0,
+                "rel_error": err, "ok": err <= tolerance}
 
-    for name in names + [bench.BASELINE]:
+    baseline_err = bench.relative_error(torch.mm(a0, b0), reference)
+    baseline_ok = baseline_err <= tolerance  # a wrong torch.mm is not timed either
+
+    def time_baseline() -> float:
+        if not baseline_ok:
+            return float("nan")
+        return bench.time_ms(bench.cycling(torch.mm, inputs), device, repeat)
+
+    baseline_times = []
+    for name in names:
         if name in time_cap["skipped"]:
             continue
-        if name not in (bench.BASELINE, "auto") and not mmv._C.algorithm_accepts(name, a0, b0)[0]:
+        if name != "auto" and not mmv._C.algorithm_accepts(name, a0, b0)[0]:
             continue  # the algorithm does not take this shape (e.g. skinny beyond its M)
-        run = torch.mm if name == bench.BASELINE else (lambda a, b, name=name: mmv.matmul(a, b, name))
+        run = lambda a, b, name=name: mmv.matmul(a, b, name)  # noqa: E731
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
         err = bench.relative_error(run(a0, b0), reference)
         if not err <= tolerance:  # a wrong kernel is reported, never timed
-            rows.append(row(label, float("nan"), err))
+            rows.append(row(label, float("nan"), err, float("nan")))
             continue
+        # torch.mm right beside it, so that heating and clock changes affect both alike
+        before = time_baseline()
         ms = bench.time_ms(bench.cycling(run, inputs), device, repeat)
-        rows.append(row(label, ms, err))
-        if ms > 1e3 * time_cap["seconds"] and name != bench.BASELINE:
+        after = time_baseline()
+        baseline_times += [before, after]
+        rows.append(row(label, ms, err, (before + after) / 2))
+        if ms > 1e3 * time_cap["seconds"]:
             time_cap["skipped"].add(name)
+    baseline_ms = statistics.median(baseline_times) if baseline_times else time_baseline()
+    rows.append(row(bench.BASELINE, baseline_ms, baseline_err, baseline_ms))
     return rows
 
 
