@@ -96,3 +96,24 @@ def test_torch_mm_is_timed_beside_each_algorithm(tmp_path, monkeypatch):
     assert float(rows["parallel"]["ms"]) == 5 and float(rows["parallel"]["torch_mm_ms"]) == 5
     assert float(rows["parallel"]["pct_of_torch_mm"]) == 100
     assert float(rows["torch.mm"]["ms"]) == 3.5  # the median of 1, 3, 4 and 6
+
+
+def test_shapes_an_algorithm_refuses_are_listed(tmp_path, monkeypatch, capsys):
+    """An algorithm that does not take a shape (its `accepts`) is not run there, and the sweep
+    says where and why instead of leaving it out silently."""
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("square", s, s, s, False)
+                                                         for s in (16, 32, 48)])
+    accepts = mmv._C.algorithm_accepts
+
+    def naive_only_below_32(name, a, b):
+        if name == "naive" and a.shape[0] >= 32:
+            return False, "at most 31 rows"
+        return accepts(name, a, b)
+
+    monkeypatch.setattr(mmv._C, "algorithm_accepts", naive_only_below_32)
+    out = tmp_path / "s.csv"
+    assert sweep.main(["--device", "cpu", "--dtype", "float32", "--algorithms", "naive,parallel",
+                       "--output", str(out), "--plot", ""]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [r["m"] for r in rows if r["algorithm"] == "naive"] == ["16"]
+    assert "square: naive not run at 32x32x32, 48x48x48: at most 31 rows" in capsys.readouterr().out

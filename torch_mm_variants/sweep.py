@@ -8,8 +8,9 @@ Each point is checked against a float64 reference before it is timed (bench.py's
 timer); torch.mm is timed right before and after each algorithm, and the row's torch_mm_ms and
 pct_of_torch_mm compare it with the mean of the two. A point beyond the tolerance is not timed,
 its row says ok=False and FAILED is printed for it, and the exit status is 1. A kernel whose last
-point took longer than --time-cap seconds is not run at larger sizes of that family (the teaching rungs at
-8192^3), and its rows say so.
+point took longer than --time-cap seconds is not run at larger sizes of that family (the teaching
+rungs at 8192^3), and a kernel is not run at shapes it does not take (the skinny rungs beyond
+their M, float32 tensor-core rungs with TF32 off); both are listed, with the reason, at the end.
 """
 from __future__ import annotations
 
@@ -71,8 +72,11 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
     for name in names:
         if name in time_cap["skipped"]:
             continue
-        if name != "auto" and not mmv._C.algorithm_accepts(name, a0, b0)[0]:
-            continue  # the algorithm does not take this shape (e.g. skinny beyond its M)
+        if name != "auto":
+            accepted, why = mmv._C.algorithm_accepts(name, a0, b0)
+            if not accepted:  # e.g. skinny beyond its M: said at the end, not passed over
+                time_cap["refused"].setdefault((name, why), []).append(f"{m}x{n}x{k}")
+                continue
         run = lambda a, b, name=name: mmv.matmul(a, b, name)  # noqa: E731
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
         err = bench.relative_error(run(a0, b0), reference)
@@ -173,7 +177,8 @@ def main(argv=None) -> int:
     rows, caps = [], {}
     for index, (family, m, n, k, weight_layout) in enumerate(todo):
         bench.progress(f"[{index + 1}/{len(todo)}] {family} {m}x{n}x{k}")
-        cap = caps.setdefault(family, {"seconds": args.time_cap, "skipped": set()})
+        cap = caps.setdefault(family, {"seconds": args.time_cap, "skipped": set(),
+                                       "refused": {}})
         rows += measure(family, m, n, k, weight_layout, dtype, device, args.algorithms,
                         args.repeat, cap, tolerance)
     bench.progress("")
@@ -184,7 +189,10 @@ def main(argv=None) -> int:
     print(f"wrote {len(rows)} rows to {args.output}")
     for family, cap in caps.items():
         if cap["skipped"]:
-            print(f"{family}: not run past {args.time_cap:g} s per call: {', '.join(sorted(cap['skipped']))}")
+            print(f"{family}: not run past {args.time_cap:g} s per call: "
+                  f"{', '.join(sorted(cap['skipped']))}")
+        for (name, why), where in cap["refused"].items():
+            print(f"{family}: {name} not run at {', '.join(where)}: {why}")
     failed = [r for r in rows if not r["ok"]]
     for r in failed:
         print(f"{r['family']} {r['m']}x{r['n']}x{r['k']} {r['algorithm']}: rel. error "
