@@ -90,6 +90,16 @@ def test_bad_device_or_output_gets_a_usage_error_before_the_run(option, tmp_path
     assert option[0] in capsys.readouterr().err
 
 
+def test_tf32_on_the_cpu_gets_a_usage_error(monkeypatch, capsys):
+    """The CPU has no TF32: --tf32 there would only loosen the float32 check to TF32's
+    tolerance (5e-3), passing a CPU kernel 500 times less accurate than float32's 1e-5."""
+    monkeypatch.setattr(bench, "bench_size", lambda *args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        bench.main(["--device", "cpu", "--sizes", "8", "--tf32"])
+    assert exit_info.value.code == 2
+    assert "--tf32" in capsys.readouterr().err
+
+
 def test_bench_script_keeps_the_callers_directory(tmp_path):
     """scripts/bench, run from elsewhere, writes a relative --output where it was run."""
     script = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench"

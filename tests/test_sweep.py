@@ -57,17 +57,19 @@ def test_a_wrong_kernel_fails_its_points_and_is_not_timed(tmp_path, monkeypatch,
 @pytest.mark.parametrize("option,value,valid", [
     ("--families", "foo", ["square", "linear"]),
     ("--algorithms", "bogus", ["auto", *mmv.algorithms("cpu")]),
+    ("--tf32", None, []),  # no TF32 on the CPU: it would only loosen the float32 check
 ])
-def test_unknown_family_or_algorithm_gets_a_usage_error(option, value, valid, capsys,
+def test_unknown_family_or_algorithm_or_cpu_tf32_gets_a_usage_error(option, value, valid, capsys,
                                                         monkeypatch):
     """Refused by argparse before anything is measured, naming the bad value and the valid
     ones, not with an IndexError or a RuntimeError traceback."""
     monkeypatch.setattr(sweep, "measure", lambda *args: pytest.fail("the sweep started"))
     with pytest.raises(SystemExit) as exit_info:
-        sweep.main(["--device", "cpu", "--dtype", "float32", option, value, "--plot", ""])
+        sweep.main(["--device", "cpu", "--dtype", "float32", option, *[value] * bool(value),
+                    "--plot", ""])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert option in err and value in err
+    assert option in err and (value or "") in err
     assert all(name in err for name in valid)
 
 

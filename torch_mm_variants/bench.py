@@ -270,7 +270,8 @@ def parse_args(argv=None):
                    help="comma-separated names (default: auto and every algorithm of the device)")
     p.add_argument("--repeat", type=int, default=10, help="timed repetitions (CPU) / scale (GPU)")
     p.add_argument("--tf32", action="store_true",
-                   help="allow TF32 for float32 (torch.mm and the tensor-core rungs alike)")
+                   help="allow TF32 for float32 (torch.mm and the tensor-core rungs alike; "
+                        "CUDA only)")
     p.add_argument("--weight-layout", action="store_true",
                    help="b is w.t() for an nn.Linear weight w [N, K] instead of a row-major [K, N]")
     p.add_argument("--rounds", type=int, default=1,
@@ -279,7 +280,9 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1:
         p.error("--rounds must be at least 1")
-    parse_device(p, args.device)
+    if parse_device(p, args.device).type != "cuda" and args.tf32:
+        # It would only loosen the check of float32 results to TF32's tolerance.
+        p.error("--tf32: TF32 is a CUDA mode; the CPU's float32 products are checked as float32")
     if args.output is not None:
         # Checked before the run, which may take minutes, rather than when the rows are written.
         directory = os.path.dirname(os.path.abspath(args.output))

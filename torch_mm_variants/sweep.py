@@ -147,11 +147,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=5)
     p.add_argument("--time-cap", type=float, default=1.0,
                    help="seconds per call beyond which an algorithm stops growing in size")
-    p.add_argument("--tf32", action="store_true")
+    p.add_argument("--tf32", action="store_true",
+                   help="allow TF32 for float32 (torch.mm and ours alike; CUDA only)")
     p.add_argument("--output", default="sweep.csv")
     p.add_argument("--plot", default="sweep.png", help="PNG path ('' for none)")
     args = p.parse_args(argv)
     device = bench.parse_device(p, args.device)
+    if device.type != "cuda" and args.tf32:
+        # It would only loosen the check of float32 results to TF32's tolerance.
+        p.error("--tf32: TF32 is a CUDA mode; the CPU's float32 products are checked as float32")
     try:
         args.algorithms = bench.parse_algorithms(args.algorithms, device)
     except ValueError as error:
