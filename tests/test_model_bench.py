@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 import torch_mm_variants as mmv
@@ -28,3 +29,13 @@ def test_every_linear_is_swapped():
     linears = [m for m in swapped.modules() if isinstance(m, torch.nn.Linear)]
     assert len(linears) == 2 * 7 + 1 and all(isinstance(m, mmv.Linear) for m in linears)
     assert not any(isinstance(m, mmv.Linear) for m in original.modules())
+
+
+def test_unwritable_output_gets_a_usage_error_before_the_run(tmp_path, capsys, monkeypatch):
+    """An --output in a directory that does not exist is refused by argparse before the models
+    are built and timed, not with a traceback at the end."""
+    monkeypatch.setattr(model_bench, "run", lambda args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        model_bench.main(["--device", "cpu", "--output", str(tmp_path / "missing" / "r.json")])
+    assert exit_info.value.code == 2
+    assert "--output" in capsys.readouterr().err

@@ -119,3 +119,16 @@ def test_shapes_an_algorithm_refuses_are_listed(tmp_path, monkeypatch, capsys):
     rows = list(csv.DictReader(open(out)))
     assert [r["m"] for r in rows if r["algorithm"] == "naive"] == ["16"]
     assert "square: naive not run at 32x32x32, 48x48x48: at most 31 rows" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("option", ["--output", "--plot"])
+def test_unwritable_output_gets_a_usage_error_before_the_sweep(option, tmp_path, capsys,
+                                                               monkeypatch):
+    """A CSV or plot path in a directory that does not exist is refused by argparse before
+    anything is measured, not with a traceback after the whole sweep."""
+    monkeypatch.setattr(sweep, "measure", lambda *args: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--device", "cpu", "--output", str(tmp_path / "s.csv"),
+                    option, str(tmp_path / "missing" / "s.out")])
+    assert exit_info.value.code == 2
+    assert option in capsys.readouterr().err

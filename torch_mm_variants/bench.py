@@ -246,6 +246,14 @@ def parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
         p.error(f"--device {text!r}: {error}")
 
 
+def check_writable(p: argparse.ArgumentParser, option: str, path: str) -> None:
+    """argparse's usage error unless `path` can be written: checked before the run, which may
+    take minutes, rather than when its results are written at the end."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
+        p.error(f"{option} {path!r}: directory {directory!r} does not exist or is not writable")
+
+
 def parse_algorithms(text: str | None, device: torch.device) -> list[str]:
     """The names of a comma-separated --algorithms value (default: auto and every algorithm of
     `device`); ValueError naming those that `device` lacks, and the valid ones."""
@@ -284,11 +292,7 @@ def parse_args(argv=None):
         # It would only loosen the check of float32 results to TF32's tolerance.
         p.error("--tf32: TF32 is a CUDA mode; the CPU's float32 products are checked as float32")
     if args.output is not None:
-        # Checked before the run, which may take minutes, rather than when the rows are written.
-        directory = os.path.dirname(os.path.abspath(args.output))
-        if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
-            p.error(f"--output {args.output!r}: directory {directory!r} does not exist or is "
-                    "not writable")
+        check_writable(p, "--output", args.output)
     if args.sizes is not None:
         try:
             args.sizes = [parse_size(text) for text in args.sizes.split(",")]

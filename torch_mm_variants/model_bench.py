@@ -198,7 +198,10 @@ def parse_args(argv=None):
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="eager mode only (torch.compile takes a while on a CPU)")
     p.add_argument("--output", default=None, help="write the rows as JSON")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.output is not None:
+        bench.check_writable(p, "--output", args.output)
+    return args
 
 
 def main(argv=None) -> int:

@@ -153,6 +153,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--plot", default="sweep.png", help="PNG path ('' for none)")
     args = p.parse_args(argv)
     device = bench.parse_device(p, args.device)
+    bench.check_writable(p, "--output", args.output)
+    if args.plot:
+        bench.check_writable(p, "--plot", args.plot)
     if device.type != "cuda" and args.tf32:
         # It would only loosen the check of float32 results to TF32's tolerance.
         p.error("--tf32: TF32 is a CUDA mode; the CPU's float32 products are checked as float32")
