@@ -39,3 +39,22 @@ def test_unwritable_output_gets_a_usage_error_before_the_run(tmp_path, capsys, m
         model_bench.main(["--device", "cpu", "--output", str(tmp_path / "missing" / "r.json")])
     assert exit_info.value.code == 2
     assert "--output" in capsys.readouterr().err
+
+
+def test_the_cuda_device_asked_for_is_made_current(monkeypatch):
+    """--device cuda:1 makes cuda:1 the current device before the models are built and timed:
+    do_bench's events and L2 flush belong to the current device."""
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+
+    class Built(Exception):
+        pass
+
+    def build_models(config, device, dtype, algorithm):
+        assert current == [torch.device("cuda", 1)] and device == torch.device("cuda", 1)
+        raise Built  # far enough: nothing of the GPU run can follow here
+
+    monkeypatch.setattr(model_bench, "build_models", build_models)
+    with pytest.raises(Built):
+        model_bench.main(["--device", "cuda:1"])

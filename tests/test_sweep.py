@@ -132,3 +132,21 @@ def test_unwritable_output_gets_a_usage_error_before_the_sweep(option, tmp_path,
                     option, str(tmp_path / "missing" / "s.out")])
     assert exit_info.value.code == 2
     assert option in capsys.readouterr().err
+
+
+def test_the_cuda_device_asked_for_is_made_current(tmp_path, monkeypatch):
+    """--device cuda:1 makes cuda:1 the current device before anything is measured: do_bench's
+    events and L2 flush, and the kernels' streams, belong to the current device."""
+    current = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("square", 8, 8, 8, False)])
+
+    def measure(family, m, n, k, weight_layout, dtype, device, *rest):
+        assert current == [torch.device("cuda", 1)] and device == torch.device("cuda", 1)
+        return [{"family": family, "algorithm": "torch.mm", "ok": True}]
+
+    monkeypatch.setattr(sweep, "measure", measure)
+    assert sweep.main(["--device", "cuda:1", "--output", str(tmp_path / "s.csv"),
+                       "--plot", ""]) == 0
+    assert current == [torch.device("cuda", 1)]

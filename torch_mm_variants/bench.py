@@ -238,6 +238,19 @@ def write_rows(rows: list[Row], path: str) -> None:
             json.dump(records, f, indent=1)
 
 
+def use_device(device: torch.device, program: str) -> torch.device:
+    """`device` with its index (cuda -> cuda:0), made the current CUDA device: do_bench's events
+    and L2 flush, and the kernels' streams, are the current device's, so timing a cuda:1 from
+    cuda:0 would measure nothing. Exits with a message when no CUDA GPU is visible."""
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
+        sys.exit(f"{program}: --device {device} but no CUDA GPU is visible")
+    device = torch.device("cuda", device.index if device.index is not None else 0)
+    torch.cuda.set_device(device)
+    return device
+
+
 def parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
     """--device's value as a torch.device, or argparse's usage error naming it."""
     try:
@@ -303,12 +316,8 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = use_device(torch.device(args.device), "torch_mm_variants.bench")
     if device.type == "cuda":
-        if not torch.cuda.is_available():
-            sys.exit("torch_mm_variants.bench: --device cuda but no CUDA GPU is visible")
-        device = torch.device("cuda", device.index if device.index is not None else 0)
-        torch.cuda.set_device(device)
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = DTYPES[args.dtype]
     sizes = args.sizes or [parse_size("4096" if device.type == "cuda" else "1024")]

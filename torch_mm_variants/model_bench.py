@@ -142,7 +142,7 @@ def largest_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
 
 
 def run(args) -> list[dict]:
-    device = torch.device(args.device)
+    device = bench.use_device(torch.device(args.device), "torch_mm_variants.model_bench")
     dtype = bench.DTYPES[args.dtype]
     config = SIZES[args.size]
     original, swapped = build_models(config, device, dtype, args.algorithm)

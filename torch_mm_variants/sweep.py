@@ -174,9 +174,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    device = torch.device(args.device)
+    device = bench.use_device(torch.device(args.device), "torch_mm_variants.sweep")
     if device.type == "cuda":
-        device = torch.device("cuda", device.index or 0)
         torch.backends.cuda.matmul.allow_tf32 = args.tf32
     dtype = bench.DTYPES[args.dtype]
     tolerance = bench.tolerance_for(dtype, args.tf32)
