@@ -3,6 +3,7 @@ with fullgraph=True (so the swapped Linear layers cause no graph break)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -22,6 +23,8 @@ def test_swapped_decoder_matches_and_compiles(tmp_path):
         for phase, tokens in [("prefill", 24), ("decode", 1), ("decode", 5)]]
     assert all(r["max_rel_diff"] < 1e-4 and r["ours_ms"] > 0 and r["original_ms"] > 0 for r in rows)
     assert {r["device_name"] for r in rows} == {model_bench.bench.device_name(torch.device("cpu"))}
+    # Checked against a float64 copy of the model: as close as the original is, or closer.
+    assert all(r["ok"] and r["rel_error"] < 1e-5 and r["original_rel_error"] < 1e-5 for r in rows)
 
 
 def test_every_linear_is_swapped():
@@ -58,3 +61,20 @@ def test_the_cuda_device_asked_for_is_made_current(monkeypatch):
     monkeypatch.setattr(model_bench, "build_models", build_models)
     with pytest.raises(Built):
         model_bench.main(["--device", "cuda:1"])
+
+
+def test_a_wrong_model_fails_its_check_and_is_not_timed(tmp_path, monkeypatch, capsys):
+    """Outputs further from the float64 model's than the original's are reported as FAILED,
+    neither model is timed at that step, and the exit status is 1."""
+    forward = mmv.Linear.forward
+    monkeypatch.setattr(mmv.Linear, "forward", lambda self, x: 1.01 * forward(self, x))
+    monkeypatch.setattr(model_bench, "time_step", lambda *args: pytest.fail("timed"))
+    out = tmp_path / "rows.json"
+    assert model_bench.main(["--device", "cpu", "--size", "tiny", "--dtype", "float32",
+                             "--prefill", "8", "--decode", "1", "--no-compile",
+                             "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    assert [r["ok"] for r in rows] == [False, False]
+    assert all(r["rel_error"] > 1e-3 and r["original_rel_error"] < 1e-5 for r in rows)
+    assert all(math.isnan(r["ours_ms"]) and math.isnan(r["original_ms"]) for r in rows)
+    assert capsys.readouterr().out.count("FAILED") == 2

@@ -14,7 +14,11 @@ eager mode and under torch.compile(fullgraph=True), which fails loudly on any gr
   to the new tokens (no KV cache): what they measure is the Linear layers at decode shapes, where
   M is the number of tokens in flight.
 
-Each row gives both step times, their ratio, and the largest difference between the outputs.
+Before either model is timed at a step, both outputs are compared with a float64 copy of the
+original model's: ours passes if its relative error (Frobenius norm) is at most twice the
+original's plus the dtype's tolerance for one product (bench.TOLERANCE). A step that fails is
+reported as FAILED, not timed, and the exit status is 1. Each row gives both step times, their
+ratio, both errors, and the largest difference between the outputs.
 """
 from __future__ import annotations
 
@@ -58,8 +62,10 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x):
-        scale = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
-        return (x.float() * scale).to(x.dtype) * self.weight
+        # In float32 at least: the float64 reference model stays float64 throughout.
+        wide = x.to(torch.promote_types(x.dtype, torch.float32))
+        scale = torch.rsqrt(wide.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (wide * scale).to(x.dtype) * self.weight
 
 
 class Attention(nn.Module):
@@ -146,6 +152,8 @@ def run(args) -> list[dict]:
     dtype = bench.DTYPES[args.dtype]
     config = SIZES[args.size]
     original, swapped = build_models(config, device, dtype, args.algorithm)
+    exact = copy.deepcopy(original).double()  # the reference of every step's check
+    tolerance = bench.tolerance_for(dtype, False)
     modes = [("eager", original, swapped)]
     if args.compile:
         torch._dynamo.reset()
@@ -160,27 +168,37 @@ def run(args) -> list[dict]:
             tokens = torch.randint(0, config.vocab, (1, tokens_in_flight), device=device)
             with torch.inference_mode():
                 expected, ours = reference_model(tokens), our_model(tokens)
+                exact_out = exact(tokens)
             diff, relative = largest_difference(ours, expected)
-            # interleaved: original, ours, original; the original's time is the mean of both
-            before = time_step(reference_model, tokens, device, args.repeat)
-            ms = time_step(our_model, tokens, device, args.repeat)
-            after = time_step(reference_model, tokens, device, args.repeat)
-            reference_ms = statistics.mean([before, after])
+            original_err = bench.relative_error(expected, exact_out)
+            err = bench.relative_error(ours, exact_out)
+            ok = err <= 2 * original_err + tolerance
+            reference_ms = ms = float("nan")
+            if ok:  # a wrong model is reported, never timed
+                # interleaved: original, ours, original; the original's time is the mean of both
+                before = time_step(reference_model, tokens, device, args.repeat)
+                ms = time_step(our_model, tokens, device, args.repeat)
+                after = time_step(reference_model, tokens, device, args.repeat)
+                reference_ms = statistics.mean([before, after])
             rows.append({"device_name": device_label, "mode": mode, "phase": phase,
                          "tokens": tokens_in_flight,
                          "original_ms": reference_ms, "ours_ms": ms,
                          "speedup": reference_ms / ms, "max_abs_diff": diff,
-                         "max_rel_diff": relative})
+                         "max_rel_diff": relative, "rel_error": err,
+                         "original_rel_error": original_err, "ok": ok})
     bench.progress("")
     return rows
 
 
 def format_rows(rows: list[dict]) -> str:
-    lines = ["| mode | phase | tokens | original ms | ours ms | ours vs original | max abs diff |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    lines = ["| mode | phase | tokens | original ms | ours ms | ours vs original | max abs diff "
+             "| rel. error (original's) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
+        status = "" if r["ok"] else " FAILED"
         lines.append(f"| {r['mode']} | {r['phase']} | {r['tokens']} | {r['original_ms']:.3f} | "
-                     f"{r['ours_ms']:.3f} | {r['speedup']:.2f}x | {r['max_abs_diff']:.2e} |")
+                     f"{r['ours_ms']:.3f} | {r['speedup']:.2f}x | {r['max_abs_diff']:.2e} "
+                     f"| {r['rel_error']:.1e} ({r['original_rel_error']:.1e}){status} |")
     return "\n".join(lines)
 
 
@@ -215,7 +233,7 @@ def main(argv=None) -> int:
     if args.output:
         with open(args.output, "w") as f:
             json.dump(rows, f, indent=1)
-    return 0
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
