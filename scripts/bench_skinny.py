@@ -5,9 +5,12 @@ nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t().
     python scripts/bench_skinny.py --m 1,16 --shapes 4096x14336 --dtypes bfloat16 --output rows.json
 
 Each (M, N, K) and algorithm is checked against a float64 product first, then timed, torch.mm
-before and after ours; torch.mm's time is the mean of the two. Both rotate over enough weight
-copies that L2 cannot hold them, so every call streams its weight from memory, as in decode.
-GB/s counts the weight bytes only. Two ways of timing (--timing):
+right before and after it; its speed-up is over the mean of the two, and the torch.mm column
+gives the median of all of them. An algorithm that does not take a shape (a skinny rung past
+M = 64, a dtype it lacks) shows "-"; one whose check fails shows WRONG, is not timed, and is
+written with ok=false. torch.mm and ours rotate over enough weight copies that L2 cannot hold
+them, so every call streams its weight from memory, as in decode. GB/s counts the weight bytes
+only. Two ways of timing (--timing):
 - flush (default): triton.testing.do_bench, median of single calls, each after do_bench has
   cleared L2 by writing a 256 MB buffer. The call's reads then also push those dirty lines back
   to memory, which costs every kernel alike.
@@ -91,15 +94,38 @@ def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
     return statistics.median(times)
 
 
-def takes(algorithm: str, dtype: torch.dtype) -> bool:
-    if algorithm == "auto":
-        return True
-    names = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
-    return dtype in [names[t] for t in mmv._C.algorithm_dtypes("cuda", algorithm)]
-
-
 def relative_error(out, ref) -> float:
     return ((out.double() - ref).norm() / ref.norm()).item()
+
+
+def measure(inputs, algorithms, time_us, tolerance: float):
+    """One (M, N, K): a result per algorithm, and torch.mm's time (the median of its timings).
+    An algorithm that does not take these inputs (dtype, or M past a skinny rung's) is skipped
+    with its reason; one whose product fails the check against float64 is not timed. torch.mm
+    is timed right before and after each algorithm, which is compared with the mean of the two,
+    so that heating and clock changes affect both alike."""
+    x, w = inputs[0]
+    reference = x.double() @ w.double().t()
+    results, baseline_times = [], []
+    for algorithm in algorithms:
+        accepted, why = mmv._C.algorithm_accepts(algorithm, x, w.t())
+        if not accepted:
+            results.append({"algorithm": algorithm, "skipped": why})
+            continue
+        err = relative_error(mmv.matmul(x, w.t(), algorithm), reference)
+        if not err <= tolerance:
+            results.append({"algorithm": algorithm, "us": float("nan"), "rel_error": err,
+                            "ok": False})
+            continue
+        before = time_us(torch.mm, inputs)
+        us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
+        after = time_us(torch.mm, inputs)
+        baseline_times += [before, after]
+        results.append({"algorithm": algorithm, "us": us, "torch_mm_us": (before + after) / 2,
+                        "speedup": (before + after) / 2 / us, "rel_error": err, "ok": True})
+    baseline = (statistics.median(baseline_times) if baseline_times
+                else time_us(torch.mm, inputs))
+    return results, baseline
 
 
 def main(argv=None) -> int:
@@ -128,31 +154,20 @@ def main(argv=None) -> int:
                        for _ in range(copies_needed(weight_bytes))]
             for m in ms:
                 inputs = [(torch.randn(m, k, device="cuda").to(dtype), w) for w in weights]
-                x, w = inputs[0]
-                reference = x.double() @ w.double().t()
-                before = time_us(torch.mm, inputs)
+                results, baseline = measure(inputs, algorithms, time_us, TOLERANCE[dtype])
                 cells, times = [], []
-                for algorithm in algorithms:
-                    if not takes(algorithm, dtype):
+                for r in results:
+                    if "skipped" in r:
                         cells.append("-")
                         continue
-                    err = relative_error(mmv.matmul(x, w.t(), algorithm), reference)
-                    if not err <= TOLERANCE[dtype]:
-                        cells.append(f"WRONG ({err:.1e})")
+                    rows.append({"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
+                                 "timing": args.timing, **r, "gbs": weight_bytes / r["us"] / 1e3})
+                    if not r["ok"]:
+                        cells.append(f"WRONG ({r['rel_error']:.1e})")
                         ok = False
                         continue
-                    us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
-                    times.append(us)
-                    rows.append({"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
-                                 "timing": args.timing, "algorithm": algorithm, "us": us,
-                                 "rel_error": err,
-                                 "gbs": weight_bytes / us / 1e3})
-                    cells.append(f"{us:.1f}")
-                baseline = (before + time_us(torch.mm, inputs)) / 2
-                for row in rows[len(rows) - len(times):]:
-                    row.update(torch_mm_us=baseline, speedup=baseline / row["us"])
-                cells = [c if c.startswith(("WRONG", "-")) else f"{c} ({baseline / float(c):.2f}x)"
-                         for c in cells]
+                    times.append(r["us"])
+                    cells.append(f"{r['us']:.1f} ({r['speedup']:.2f}x)")
                 best = weight_bytes / min(times) / 1e3 if times else float("nan")
                 print(f"| {dtype_name} | {m} | {n} | {k} | {baseline:.1f} "
                       f"| {weight_bytes / baseline / 1e3:.0f} | " + " | ".join(cells)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import pathlib
 import subprocess
@@ -129,3 +130,38 @@ def test_input_rotation_outgrows_an_h100_l2(mnk, dtype, monkeypatch):
     assert sets * operand_bytes >= 2 * l2_bytes
     assert sets == 1 or (sets - 1) * operand_bytes < 4 * l2_bytes  # and not many more
     assert bench.input_sets_needed(1, 1, 1, dtype, torch.device("cuda")) == 1024  # bounded
+
+
+def load_bench_skinny():
+    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_skinny.py"
+    spec = importlib.util.spec_from_file_location("bench_skinny", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_skinny_times_torch_mm_beside_each_algorithm_and_skips_refusals(monkeypatch):
+    """scripts/bench_skinny.py's measurement at one shape (run here on CPU tensors and kernels
+    with a clock that rises at every measurement): an algorithm that does not take the inputs is
+    skipped with its reason rather than raising; torch.mm is timed right before and after each
+    algorithm, which is compared with the mean of the two."""
+    skinny = load_bench_skinny()
+    accepts = mmv._C.algorithm_accepts
+    monkeypatch.setattr(mmv._C, "algorithm_accepts", lambda name, a, b: (
+        (False, "takes M <= 64") if name == "tiled" else accepts(name, a, b)))
+    timed = []
+
+    def time_us(fn, inputs):
+        x, w = inputs[len(timed) % len(inputs)]
+        fn(x, w.t())
+        timed.append("torch.mm" if fn is torch.mm else "ours")
+        return float(len(timed))
+
+    inputs = [(torch.randn(5, 40), torch.randn(24, 40)) for _ in range(2)]
+    results, baseline = skinny.measure(inputs, ["naive", "tiled", "parallel"], time_us, 1e-5)
+    assert timed == ["torch.mm", "ours", "torch.mm"] * 2
+    assert [r["algorithm"] for r in results] == ["naive", "tiled", "parallel"]
+    assert results[1] == {"algorithm": "tiled", "skipped": "takes M <= 64"}
+    assert [(r["us"], r["torch_mm_us"], r["ok"]) for r in results[::2]] == [(2, 2, True),
+                                                                           (5, 5, True)]
+    assert baseline == 3.5  # the median of 1, 3, 4 and 6
