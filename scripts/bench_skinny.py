@@ -7,10 +7,11 @@ nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t().
 Each (M, N, K) and algorithm is checked against a float64 product first, then timed, torch.mm
 right before and after it; its speed-up is over the mean of the two, and the torch.mm column
 gives the median of all of them. An algorithm that does not take a shape (a skinny rung past
-M = 64, a dtype it lacks) shows "-"; one whose check fails shows WRONG, is not timed, and is
-written with ok=false. torch.mm and ours rotate over enough weight copies that L2 cannot hold
-them, so every call streams its weight from memory, as in decode. GB/s counts the weight bytes
-only. Two ways of timing (--timing):
+M = 64, a dtype it lacks) shows "-"; one whose check fails shows WRONG, and one that raises shows
+ERROR with the message: neither is timed, both are written with ok=false, and the exit status
+is 1. torch.mm and ours rotate over enough weight copies that L2 cannot hold them, so every
+call streams its weight from memory, as in decode. GB/s counts the weight bytes only. Two ways
+of timing (--timing):
 - flush (default): triton.testing.do_bench, median of single calls, each after do_bench has
   cleared L2 by writing a 256 MB buffer. The call's reads then also push those dirty lines back
   to memory, which costs every kernel alike.
@@ -30,6 +31,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import torch_mm_variants as mmv  # noqa: E402  (the checkout's package, built in place)
+from torch_mm_variants import bench  # noqa: E402
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
@@ -94,16 +96,12 @@ def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
     return statistics.median(times)
 
 
-def relative_error(out, ref) -> float:
-    return ((out.double() - ref).norm() / ref.norm()).item()
-
-
 def measure(inputs, algorithms, time_us, tolerance: float):
     """One (M, N, K): a result per algorithm, and torch.mm's time (the median of its timings).
     An algorithm that does not take these inputs (dtype, or M past a skinny rung's) is skipped
-    with its reason; one whose product fails the check against float64 is not timed. torch.mm
-    is timed right before and after each algorithm, which is compared with the mean of the two,
-    so that heating and clock changes affect both alike."""
+    with its reason; one whose product fails the check against float64, or raises, is not
+    timed. torch.mm is timed right before and after each algorithm, which is compared with the
+    mean of the two, so that heating and clock changes affect both alike."""
     x, w = inputs[0]
     reference = x.double() @ w.double().t()
     results, baseline_times = [], []
@@ -112,17 +110,19 @@ def measure(inputs, algorithms, time_us, tolerance: float):
         if not accepted:
             results.append({"algorithm": algorithm, "skipped": why})
             continue
-        err = relative_error(mmv.matmul(x, w.t(), algorithm), reference)
-        if not err <= tolerance:
+        err, error = bench.check(lambda a, b: mmv.matmul(a, b, algorithm), [(x, w.t())],
+                                 [reference])
+        if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
             results.append({"algorithm": algorithm, "us": float("nan"), "rel_error": err,
-                            "ok": False})
+                            "ok": False, "error": error})
             continue
         before = time_us(torch.mm, inputs)
         us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
         after = time_us(torch.mm, inputs)
         baseline_times += [before, after]
         results.append({"algorithm": algorithm, "us": us, "torch_mm_us": (before + after) / 2,
-                        "speedup": (before + after) / 2 / us, "rel_error": err, "ok": True})
+                        "speedup": (before + after) / 2 / us, "rel_error": err, "ok": True,
+                        "error": None})
     baseline = (statistics.median(baseline_times) if baseline_times
                 else time_us(torch.mm, inputs))
     return results, baseline
@@ -163,7 +163,8 @@ def main(argv=None) -> int:
                     rows.append({"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
                                  "timing": args.timing, **r, "gbs": weight_bytes / r["us"] / 1e3})
                     if not r["ok"]:
-                        cells.append(f"WRONG ({r['rel_error']:.1e})")
+                        cells.append(f"ERROR ({r['error']})" if r["error"]
+                                     else f"WRONG ({r['rel_error']:.1e})")
                         ok = False
                         continue
                     times.append(r["us"])

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 import pathlib
 import subprocess
 
@@ -39,6 +40,42 @@ def test_bench_csv_and_algorithm_subset(tmp_path):
     assert [r["algorithm"] for r in rows] == ["naive", "parallel", "torch.mm"]
     assert all(r["dtype"] == "bfloat16" for r in rows)
     assert all(r["device_name"].startswith("CPU (") for r in rows)
+
+
+def raising_on(name):
+    """mmv.matmul, but raising as a kernel's TORCH_CHECK does for `name` (a message with the C++
+    frames on the lines below its first)."""
+    product = mmv.matmul
+
+    def matmul(a, b, algorithm="auto"):
+        if algorithm == name:
+            raise RuntimeError(f"{name}: no kernel for these strides\nException raised from f()")
+        return product(a, b, algorithm)
+    return matmul
+
+
+def test_a_raising_kernel_fails_its_rows_and_the_run_goes_on(tmp_path, monkeypatch, capsys):
+    """A kernel that raises where algorithm_accepts took the inputs is reported as failed with
+    the error's message, not timed; the other rows of every size are measured and written, and
+    the exit status is 1."""
+    monkeypatch.setattr(mmv, "matmul", raising_on("naive"))
+    timed = []
+    time_ms = bench.time_ms
+    monkeypatch.setattr(bench, "time_ms", lambda step, device, repeat: timed.append(step)
+                        or time_ms(step, device, repeat))
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--sizes", "16,8x24x40", "--algorithms",
+                       "naive,parallel", "--repeat", "3", "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    assert [(r["m"], r["algorithm"], r["ok"]) for r in rows] == [
+        (16, "naive", False), (16, "parallel", True), (16, "torch.mm", True),
+        (8, "naive", False), (8, "parallel", True), (8, "torch.mm", True)]
+    message = "RuntimeError: naive: no kernel for these strides"
+    assert [r["error"] for r in rows] == [message, None, None] * 2
+    assert len(timed) == 2 * 3  # torch.mm, parallel, torch.mm at each size: naive never
+    captured = capsys.readouterr()
+    assert captured.out.count(f"FAILED ({message})") == 2
+    assert f"naive at 8x24x40: FAILED: {message}" in captured.err
 
 
 def test_parse_size():
@@ -165,3 +202,22 @@ def test_bench_skinny_times_torch_mm_beside_each_algorithm_and_skips_refusals(mo
     assert [(r["us"], r["torch_mm_us"], r["ok"]) for r in results[::2]] == [(2, 2, True),
                                                                            (5, 5, True)]
     assert baseline == 3.5  # the median of 1, 3, 4 and 6
+
+
+def test_bench_skinny_reports_a_raising_kernel_and_goes_on(monkeypatch):
+    """scripts/bench_skinny.py: an algorithm that raises where algorithm_accepts took the inputs
+    gives a failed result with the error's message, is not timed, and the next is measured."""
+    skinny = load_bench_skinny()
+    monkeypatch.setattr(mmv, "matmul", raising_on("naive"))
+    timed = []
+
+    def time_us(fn, inputs):
+        timed.append(fn)
+        return 1.0
+
+    inputs = [(torch.randn(5, 40), torch.randn(24, 40))]
+    results, baseline = skinny.measure(inputs, ["naive", "parallel"], time_us, 1e-5)
+    assert results[0]["error"] == "RuntimeError: naive: no kernel for these strides"
+    assert results[0]["ok"] is False and math.isnan(results[0]["us"])
+    assert (results[1]["ok"], results[1]["error"]) == (True, None)
+    assert len(timed) == 3 and baseline == 1.0  # parallel, between two of torch.mm

@@ -54,6 +54,33 @@ def test_a_wrong_kernel_fails_its_points_and_is_not_timed(tmp_path, monkeypatch,
     assert capsys.readouterr().out.count("parallel: rel. error 1.0e+00 FAILED") == 2
 
 
+def test_a_raising_kernel_fails_its_points_and_the_sweep_goes_on(tmp_path, monkeypatch, capsys):
+    """A kernel that raises where algorithm_accepts took the inputs fails each point with the
+    error's message, is not timed there, the other algorithms and points are measured, and the
+    exit status is non-zero."""
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("square", s, s, s, False)
+                                                         for s in (16, 24)])
+    product = mmv.matmul
+
+    def matmul(a, b, algorithm="auto"):
+        if algorithm == "naive":
+            raise RuntimeError("naive: no kernel for these strides\nException raised from f()")
+        return product(a, b, algorithm)
+
+    monkeypatch.setattr(mmv, "matmul", matmul)
+    out = tmp_path / "s.csv"
+    assert sweep.main(["--device", "cpu", "--dtype", "float32", "--algorithms", "naive,parallel",
+                       "--repeat", "3", "--output", str(out), "--plot", ""]) != 0
+    rows = list(csv.DictReader(open(out)))
+    message = "RuntimeError: naive: no kernel for these strides"
+    assert [(r["m"], r["algorithm"], r["ok"], r["error"]) for r in rows] == [
+        (m, name, str(name != "naive"), message if name == "naive" else "")
+        for m in ("16", "24") for name in ("naive", "parallel", "torch.mm")]
+    assert all(float(r["ms"]) > 0 for r in rows if r["algorithm"] != "naive")
+    printed = capsys.readouterr().out
+    assert f"square 24x24x24 naive: {message} FAILED, not timed" in printed
+
+
 @pytest.mark.parametrize("option,value,valid", [
     ("--families", "foo", ["square", "linear"]),
     ("--algorithms", "bogus", ["auto", *mmv.algorithms("cpu")]),

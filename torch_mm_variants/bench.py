@@ -59,6 +59,7 @@ class Row:
     rel_error: float
     ok: bool
     round: int = 1
+    error: str | None = None  # what the kernel raised, for a row that failed that way
 
 
 def parse_size(text: str) -> tuple[int, int, int]:
@@ -152,6 +153,19 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def check(product, inputs, references) -> tuple[float, str | None]:
+    """The worst relative error of product(a, b) over the input sets against their float64
+    references, and None; or NaN and the first line of what the product raised. A kernel that
+    raises where algorithm_accepts took the inputs is then reported as failed, not timed, and the
+    run goes on with the rows measured so far."""
+    try:
+        return max(relative_error(product(a, b), reference)
+                   for (a, b), reference in zip(inputs, references)), None
+    except Exception as error:  # noqa: BLE001  (any kernel error; Ctrl-C still ends the run)
+        lines = str(error).splitlines() or [""]
+        return float("nan"), f"{type(error).__name__}: {lines[0]}"
+
+
 def progress(message: str) -> None:
     print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
@@ -167,10 +181,11 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
     device_label = device_name(device)
     baseline_times, rows = [], []
 
-    def row(name, ms, baseline_ms, err):
+    def row(name, ms, baseline_ms, err, error=None):
         return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,
                    ms, flop / ms / 1e6 if ms > 0 else 0.0,
-                   100.0 * baseline_ms / ms if ms > 0 else 0.0, err, err <= tolerance)
+                   100.0 * baseline_ms / ms if ms > 0 else 0.0, err, err <= tolerance,
+                   error=error)
 
     for index, name in enumerate(algorithms):
         progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")
@@ -180,9 +195,11 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
                 print(f"\n{name} at {m}x{n}x{k}: not run: {why}", file=sys.stderr)
                 continue
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
-        err = relative_error(mmv.matmul(a0, b0, name), reference)
-        if not err <= tolerance:  # a wrong kernel is reported, never timed
-            rows.append(row(label, float("nan"), float("nan"), err))
+        err, error = check(lambda a, b: mmv.matmul(a, b, name), inputs[:1], [reference])
+        if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
+            if error:
+                print(f"\n{name} at {m}x{n}x{k}: FAILED: {error}", file=sys.stderr)
+            rows.append(row(label, float("nan"), float("nan"), err, error))
             continue
         baseline_before = time_ms(cycling(torch.mm, inputs), device, repeat)
         ms = time_ms(cycling(lambda a, b: mmv.matmul(a, b, name), inputs), device, repeat)
@@ -200,7 +217,7 @@ def format_table(rows: list[Row]) -> str:
     lines = ["| algorithm | ms | GFLOP/s | % of torch.mm | rel. error |",
              "| --- | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        status = "" if r.ok else " FAILED"
+        status = "" if r.ok else f" FAILED{f' ({r.error})' if r.error else ''}"
         lines.append(f"| {r.algorithm} | {r.ms:.3f} | {r.gflops:.1f} | {r.pct_of_torch_mm:.1f}% "
                      f"| {r.rel_error:.1e}{status} |")
     return "\n".join(lines)

@@ -6,11 +6,12 @@ Two families of shapes: squares (M = N = K) and the nn.Linear shapes of real mod
 weight given as [N, K] (b = w.t()) and M the number of tokens, from decode (M = 1) to prefill.
 Each point is checked against a float64 reference before it is timed (bench.py's tolerances and
 timer); torch.mm is timed right before and after each algorithm, and the row's torch_mm_ms and
-pct_of_torch_mm compare it with the mean of the two. A point beyond the tolerance is not timed,
-its row says ok=False and FAILED is printed for it, and the exit status is 1. A kernel whose last
-point took longer than --time-cap seconds is not run at larger sizes of that family (the teaching
-rungs at 8192^3), and a kernel is not run at shapes it does not take (the skinny rungs beyond
-their M, float32 tensor-core rungs with TF32 off); both are listed, with the reason, at the end.
+pct_of_torch_mm compare it with the mean of the two. A point beyond the tolerance, or whose
+kernel raised (its row's error gives the message), is not timed, its row says ok=False, FAILED
+is printed for it, and the exit status is 1. A kernel whose last point took longer than
+--time-cap seconds is not run at larger sizes of that family (the teaching rungs at 8192^3), and
+a kernel is not run at shapes it does not take (the skinny rungs beyond their M, float32
+tensor-core rungs with TF32 off); both are listed, with the reason, at the end.
 """
 from __future__ import annotations
 
@@ -52,13 +53,13 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
     device_label = bench.device_name(device)  # in every row: the data names its GPU
     rows = []
 
-    def row(name, ms, err, torch_mm_ms):
+    def row(name, ms, err, torch_mm_ms, error=None):
         return {"device_name": device_label, "family": family, "m": m, "n": n, "k": k,
                 "dtype": str(dtype).removeprefix("torch."),
                 "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else 0.0,
                 "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "torch_mm_ms": torch_mm_ms,
                 "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else 0.0,
-                "rel_error": err, "ok": err <= tolerance}
+                "rel_error": err, "ok": err <= tolerance, "error": error}
 
     baseline_err = bench.relative_error(torch.mm(a0, b0), reference)
     baseline_ok = baseline_err <= tolerance  # a wrong torch.mm is not timed either
@@ -79,9 +80,9 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
                 continue
         run = lambda a, b, name=name: mmv.matmul(a, b, name)  # noqa: E731
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
-        err = bench.relative_error(run(a0, b0), reference)
-        if not err <= tolerance:  # a wrong kernel is reported, never timed
-            rows.append(row(label, float("nan"), err, float("nan")))
+        err, error = bench.check(run, inputs[:1], [reference])
+        if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
+            rows.append(row(label, float("nan"), err, float("nan"), error))
             continue
         # torch.mm right beside it, so that heating and clock changes affect both alike
         before = time_baseline()
@@ -201,8 +202,9 @@ def main(argv=None) -> int:
             print(f"{family}: {name} not run at {', '.join(where)}: {why}")
     failed = [r for r in rows if not r["ok"]]
     for r in failed:
-        print(f"{r['family']} {r['m']}x{r['n']}x{r['k']} {r['algorithm']}: rel. error "
-              f"{r['rel_error']:.1e} FAILED (above {tolerance:.0e}), not timed")
+        why = r["error"] or f"rel. error {r['rel_error']:.1e}"
+        print(f"{r['family']} {r['m']}x{r['n']}x{r['k']} {r['algorithm']}: {why} FAILED"
+              f"{'' if r['error'] else f' (above {tolerance:.0e})'}, not timed")
     timed = [r for r in rows if r["ok"]]
     if args.plot and timed:
         try:
