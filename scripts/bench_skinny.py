@@ -21,7 +21,6 @@ of timing (--timing):
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import statistics
@@ -175,8 +174,7 @@ def main(argv=None) -> int:
                       + f" | {best:.0f} |", flush=True)
             del weights, inputs
     if args.output:
-        with open(args.output, "w") as f:
-            json.dump(rows, f, indent=1)
+        bench.write_json(rows, args.output)
     return 0 if ok else 1
 
 

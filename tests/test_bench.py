@@ -78,6 +78,29 @@ def test_a_raising_kernel_fails_its_rows_and_the_run_goes_on(tmp_path, monkeypat
     assert f"naive at 8x24x40: FAILED: {message}" in captured.err
 
 
+def strict_json(text):
+    """JSON as strict parsers read it: NaN and Infinity are not JSON."""
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_rows_not_timed_are_written_as_null_in_json(tmp_path, monkeypatch):
+    """A row that fails its check has no time: its ms is null in the JSON (which has no NaN,
+    and whose strict parsers reject Python's), its rates 0."""
+    product = mmv.matmul
+    monkeypatch.setattr(mmv, "matmul",
+                        lambda a, b, algorithm="auto": 2 * product(a, b, algorithm))
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--sizes", "16", "--algorithms", "naive",
+                       "--output", str(out)]) == 1
+    rows = strict_json(out.read_text())
+    wrong, baseline = rows
+    assert (wrong["algorithm"], wrong["ok"], wrong["ms"], wrong["gflops"],
+            wrong["pct_of_torch_mm"]) == ("naive", False, None, 0.0, 0.0)
+    assert abs(wrong["rel_error"] - 1) < 1e-6 and baseline["ms"] > 0
+
+
 def test_parse_size():
     assert bench.parse_size("64") == (64, 64, 64)
     assert bench.parse_size("1x4096x14336") == (1, 4096, 14336)

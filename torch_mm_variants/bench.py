@@ -251,8 +251,17 @@ def write_rows(rows: list[Row], path: str) -> None:
             writer.writeheader()
             writer.writerows(records)
     else:
-        with open(path, "w") as f:
-            json.dump(records, f, indent=1)
+        write_json(records, path)
+
+
+def write_json(records: list[dict], path: str) -> None:
+    """The records as JSON, a NaN or infinity (the times of a row not timed) written as null:
+    JSON has no NaN, and strict parsers (jq, JavaScript's JSON.parse) reject Python's."""
+    def finite(value):
+        return None if isinstance(value, float) and not math.isfinite(value) else value
+    with open(path, "w") as f:
+        json.dump([{key: finite(value) for key, value in record.items()} for record in records],
+                  f, indent=1, allow_nan=False)
 
 
 def use_device(device: torch.device, program: str) -> torch.device:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import statistics
 import sys
 import time
@@ -231,8 +230,7 @@ def main(argv=None) -> int:
           f"(algorithm={args.algorithm}) vs nn.Linear ({time.perf_counter() - start:.0f} s)\n")
     print(format_rows(rows))
     if args.output:
-        with open(args.output, "w") as f:
-            json.dump(rows, f, indent=1)
+        bench.write_json(rows, args.output)
     return 0 if all(r["ok"] for r in rows) else 1
 
 
