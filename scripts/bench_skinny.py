@@ -102,15 +102,16 @@ def measure(inputs, algorithms, time_us, tolerance: float):
     timed. torch.mm is timed right before and after each algorithm, which is compared with the
     mean of the two, so that heating and clock changes affect both alike."""
     x, w = inputs[0]
-    reference = x.double() @ w.double().t()
+    # Every copy's product is checked, not the first only: the timed calls run on all of them.
+    products = [(x_, w_.t()) for x_, w_ in inputs]
+    references = [x_.double() @ w_.double().t() for x_, w_ in inputs]
     results, baseline_times = [], []
     for algorithm in algorithms:
         accepted, why = mmv._C.algorithm_accepts(algorithm, x, w.t())
         if not accepted:
             results.append({"algorithm": algorithm, "skipped": why})
             continue
-        err, error = bench.check(lambda a, b: mmv.matmul(a, b, algorithm), [(x, w.t())],
-                                 [reference])
+        err, error = bench.check(lambda a, b: mmv.matmul(a, b, algorithm), products, references)
         if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
             results.append({"algorithm": algorithm, "us": float("nan"), "rel_error": err,
                             "ok": False, "error": error})

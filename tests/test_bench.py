@@ -101,6 +101,25 @@ def test_rows_not_timed_are_written_as_null_in_json(tmp_path, monkeypatch):
     assert abs(wrong["rel_error"] - 1) < 1e-6 and baseline["ms"] > 0
 
 
+def test_every_input_set_is_checked_and_the_worst_error_reported(tmp_path, monkeypatch):
+    """With several input sets cycled (past the GPU's L2), each set's product is checked before
+    timing, not the first only: a kernel wrong on the third set alone fails, with that set's
+    relative error, and is not timed."""
+    monkeypatch.setattr(bench, "input_sets_needed", lambda *args: 3)
+    product, scales = mmv.matmul, iter([1.0, 1.5, 3.0])  # relative errors 0, 0.5 and 2
+    monkeypatch.setattr(mmv, "matmul", lambda a, b, algorithm="auto":
+                        next(scales) * product(a, b, algorithm))
+    monkeypatch.setattr(bench, "time_ms", lambda step, device, repeat: 1.0)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--sizes", "16", "--algorithms", "naive",
+                       "--output", str(out)]) == 1
+    wrong, baseline = json.loads(out.read_text())
+    assert (wrong["algorithm"], wrong["ok"], wrong["ms"]) == ("naive", False, None)
+    assert abs(wrong["rel_error"] - 2) < 1e-6
+    assert next(scales, "none left") == "none left"  # three checked calls, none timed
+    assert baseline["ok"] and baseline["rel_error"] < 1e-6 and baseline["ms"] == 1.0
+
+
 def test_parse_size():
     assert bench.parse_size("64") == (64, 64, 64)
     assert bench.parse_size("1x4096x14336") == (1, 4096, 14336)

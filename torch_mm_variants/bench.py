@@ -5,14 +5,15 @@
     python -m torch_mm_variants.bench --dtype bfloat16 --sizes 4096x14336x4096 --algorithms auto
     python -m torch_mm_variants.bench --dtype bfloat16 --algorithms wgmma --rounds 3  # spread
 
-For each size, each algorithm's result is first compared with a float64 reference, then timed
-(median after warm-up: device events through triton.testing.do_bench on the GPU, perf_counter on
-the CPU). torch.mm is timed right beside every algorithm, in the same process, and each
-algorithm's "% of torch.mm" is against that neighbouring measurement, so clock drift and heating
-affect both alike. Inputs are random, and several input sets are cycled when one set would fit in
-the GPU's L2 cache. With --rounds R the whole measurement runs R times over and a last table gives
-each algorithm's median and range of "% of torch.mm" across the rounds: the run-to-run spread
-that a single figure hides.
+For each size, each algorithm's result on every input set is first compared with a float64
+reference (the worst relative error is reported), then timed (median after warm-up: device
+events through triton.testing.do_bench on the GPU, perf_counter on the CPU). torch.mm is timed
+right beside every algorithm, in the same process, and each algorithm's "% of torch.mm" is
+against that neighbouring measurement, so clock drift and heating affect both alike. Inputs are
+random, and several input sets are cycled when one set would fit in the GPU's L2 cache. With
+--rounds R the whole measurement runs R times over and a last table gives each algorithm's
+median and range of "% of torch.mm" across the rounds: the run-to-run spread that a single
+figure hides.
 """
 from __future__ import annotations
 
@@ -175,7 +176,8 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
     inputs = make_inputs(m, n, k, dtype, device, input_sets_needed(m, n, k, dtype, device),
                          weight_layout)
     a0, b0 = inputs[0]
-    reference = a0.double() @ b0.double()
+    # Every set's product is checked, not the first only: the timed calls run on all of them.
+    references = [a.double() @ b.double() for a, b in inputs]
     tolerance = tolerance_for(dtype, tf32)
     flop = 2.0 * m * n * k
     device_label = device_name(device)
@@ -195,7 +197,7 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
                 print(f"\n{name} at {m}x{n}x{k}: not run: {why}", file=sys.stderr)
                 continue
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
-        err, error = check(lambda a, b: mmv.matmul(a, b, name), inputs[:1], [reference])
+        err, error = check(lambda a, b: mmv.matmul(a, b, name), inputs, references)
         if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
             if error:
                 print(f"\n{name} at {m}x{n}x{k}: FAILED: {error}", file=sys.stderr)
@@ -208,7 +210,7 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
         rows.append(row(label, ms, (baseline_before + baseline_after) / 2, err))
     baseline_ms = statistics.median(baseline_times) if baseline_times else \
         time_ms(cycling(torch.mm, inputs), device, repeat)
-    rows.append(row(BASELINE, baseline_ms, baseline_ms, relative_error(torch.mm(a0, b0), reference)))
+    rows.append(row(BASELINE, baseline_ms, baseline_ms, check(torch.mm, inputs, references)[0]))
     progress("")
     return rows
 

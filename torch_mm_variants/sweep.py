@@ -48,7 +48,8 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
     inputs = bench.make_inputs(m, n, k, dtype, device,
                                bench.input_sets_needed(m, n, k, dtype, device), weight_layout)
     a0, b0 = inputs[0]
-    reference = a0.double() @ b0.double()
+    # Every set's product is checked, not the first only: the timed calls run on all of them.
+    references = [a.double() @ b.double() for a, b in inputs]
     bytes_moved = (m * k + k * n + m * n) * a0.element_size()
     device_label = bench.device_name(device)  # in every row: the data names its GPU
     rows = []
@@ -61,7 +62,7 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
                 "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else 0.0,
                 "rel_error": err, "ok": err <= tolerance, "error": error}
 
-    baseline_err = bench.relative_error(torch.mm(a0, b0), reference)
+    baseline_err = bench.check(torch.mm, inputs, references)[0]
     baseline_ok = baseline_err <= tolerance  # a wrong torch.mm is not timed either
 
     def time_baseline() -> float:
@@ -80,7 +81,7 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
                 continue
         run = lambda a, b, name=name: mmv.matmul(a, b, name)  # noqa: E731
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
-        err, error = bench.check(run, inputs[:1], [reference])
+        err, error = bench.check(run, inputs, references)
         if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
             rows.append(row(label, float("nan"), err, float("nan"), error))
             continue
