@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -153,6 +154,19 @@ def test_autotune_variable_is_read_at_import(value, enabled, tmp_path):
         capture_output=True, text=True, check=True)
     assert child.stdout.split() == [str(enabled)]
     assert child.stderr.count("UserWarning: MM_VARIANTS_AUTOTUNE=") == (0 if enabled else 1)
+
+
+@pytest.mark.parametrize("value", ["false", "0", "", 0, 1, None, torch.tensor(True)],
+                         ids=["false", "zero_str", "empty", "zero", "one", "none", "tensor"])
+def test_set_autotune_refuses_what_is_not_a_bool(value):
+    """set_autotune takes True or False only: a string such as "false" is refused by name, not
+    read by its truth value (which switched the measured mode on), and the mode is left as it
+    was."""
+    assert not tuning._C.autotune_enabled()
+    with pytest.raises(TypeError, match=rf"set_autotune: enabled must be True or False, not "
+                       rf"{type(value).__name__} {re.escape(repr(value))}"):
+        mmv.set_autotune(value)
+    assert not tuning._C.autotune_enabled()
 
 
 def test_empty_cache_dir_variable_counts_as_unset(tmp_path, monkeypatch):

@@ -62,8 +62,14 @@ def load_cache(path: Path | None = None) -> int:
 
 
 def set_autotune(enabled: bool = True) -> None:
-    """Switches the measured mode of algorithm="auto" on or off (process-wide, thread-safe)."""
-    _C.set_autotune(bool(enabled))
+    """Switches the measured mode of algorithm="auto" on or off (process-wide, thread-safe).
+
+    `enabled` must be a Python bool: anything else is refused (TypeError) rather than read by its
+    truth value, under which "false", "0" or "off" would switch the mode on."""
+    if not isinstance(enabled, bool):
+        raise TypeError(f"set_autotune: enabled must be True or False, not "
+                        f"{type(enabled).__name__} {enabled!r}")
+    _C.set_autotune(enabled)
     if enabled:
         path = cache_file()
         try:
