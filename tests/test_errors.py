@@ -66,6 +66,44 @@ def test_vmap_of_every_op_refuses_like_eager(op, shapes, in_dims):
         torch.vmap(op, in_dims=in_dims)(*inputs)
 
 
+@pytest.mark.parametrize("value", [[[1.0, 2.0, 3.0]], 2.0, None], ids=["list", "float", "none"])
+def test_non_tensor_arguments_are_refused_by_name(value):
+    """The Python wrappers refuse a non-tensor argument as torch.mm does, with a TypeError that
+    names the argument and what it was (the wrapper read a.dim() of it, an AttributeError; the
+    op's own answer is a RuntimeError)."""
+    x, w = torch.randn(2, 3), torch.randn(4, 3)
+    kind = type(value).__name__
+
+    def refused(where):
+        return pytest.raises(TypeError, match=re.escape(where) + rf" must be Tensor, not {kind}$")
+
+    with refused("torch_mm_variants.matmul(): argument 'a' (position 1)"):
+        mmv.matmul(value, w.t())
+    with refused("torch_mm_variants.matmul(): argument 'b' (position 2)"):
+        mmv.matmul(x, value)
+    with refused("torch_mm_variants.linear(): argument 'x' (position 1)"):
+        mmv.linear(value, w)
+    with refused("torch_mm_variants.linear(): argument 'weight' (position 2)"):
+        mmv.linear(x, value)
+    if value is not None:  # no bias
+        with refused("torch_mm_variants.linear(): argument 'bias' (position 3)"):
+            mmv.linear(x, w, value)
+    with refused("torch_mm_variants.Linear.forward(): argument 'x' (position 1)"):
+        mmv.Linear(3, 4)(value)
+
+
+def test_objects_that_override_torch_functions_pass_the_wrappers():
+    """As torch's functions do, the wrappers let an object with __torch_function__ through to the
+    op, which hands the call to it."""
+    class Overrides:
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return "overridden"
+
+    assert mmv.linear(Overrides(), torch.randn(4, 3)) == "overridden"
+    assert mmv.Linear(3, 4)(Overrides()) == "overridden"
+
+
 def test_shapes_cannot_be_multiplied():
     with raises(r"shapes cannot be multiplied \(2x3 and 4x5\)"):
         mmv.matmul(torch.randn(2, 3), torch.randn(4, 5))

@@ -10,7 +10,7 @@ import torch
 
 from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
 from . import ops  # noqa: F401  (registers the fake kernels; the gradients are C++'s)
-from .nn import Linear, swap_linear
+from .nn import Linear, check_tensor, swap_linear
 from .version import __version__
 from .tuning import explain_auto, set_autotune
 
@@ -28,6 +28,8 @@ def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.T
     `algorithm="auto"` picks the best kernel for the inputs; see `auto_choice`.
     Differentiable, and traceable by torch.compile without graph breaks.
     """
+    check_tensor("torch_mm_variants.matmul", "a", 1, a)
+    check_tensor("torch_mm_variants.matmul", "b", 2, b)
     if a.dim() == 3:
         return torch.ops.mm_variants.bmm(a, b, algorithm)
     return torch.ops.mm_variants.matmul(a, b, algorithm)
@@ -42,6 +44,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     tensor_core for x @ weight.t(), and wgmma there for a bias and relu); elsewhere they are
     applied to the fresh output in place. Differentiable and traceable like matmul.
     """
+    check_tensor("torch_mm_variants.linear", "x", 1, x)
+    check_tensor("torch_mm_variants.linear", "weight", 2, weight)
+    if bias is not None:
+        check_tensor("torch_mm_variants.linear", "bias", 3, bias)
     return torch.ops.mm_variants.linear(x, weight, bias, activation, algorithm)
 
 

@@ -19,6 +19,15 @@ def check_algorithm(name: str) -> str:
     return name
 
 
+def check_tensor(function: str, name: str, position: int, value) -> None:
+    """Refuses (TypeError) an argument that is not a tensor (a list, a NumPy array, a number) in
+    torch.mm's words, before the wrapper reads it or the op answers with a RuntimeError. Objects
+    that override torch functions (__torch_function__) pass, as torch's own functions let them."""
+    if not isinstance(value, torch.Tensor) and not hasattr(type(value), "__torch_function__"):
+        raise TypeError(f"{function}(): argument '{name}' (position {position}) must be Tensor, "
+                        f"not {type(value).__name__}")
+
+
 def check_activation(name: str) -> str:
     """`name`, if mm_variants::linear applies it; otherwise a ValueError that lists the valid
     names."""
@@ -68,6 +77,8 @@ class Linear(nn.Linear):
         self._activation = check_activation(name)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting():  # TorchScript checks the annotation itself
+            check_tensor("torch_mm_variants.Linear.forward", "x", 1, x)
         return torch.ops.mm_variants.linear(x, self.weight, self.bias, self._activation,
                                             self._algorithm)
 
