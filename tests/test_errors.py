@@ -3,6 +3,7 @@ refuses it while tracing, with eager mode's message."""
 from __future__ import annotations
 
 import re
+import warnings
 
 import pytest
 import torch
@@ -130,6 +131,39 @@ def test_non_strided_operands_are_refused_by_name(to_layout):
         mmv.matmul(x, to_layout(w.t().contiguous()))
     with raises(r"matmul: a " + message):
         mmv.matmul(to_layout(x), w.t().contiguous().requires_grad_())
+
+
+@pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
+def test_nested_tensors_are_refused_by_name(layout):
+    """A nested tensor is refused by name by the wrappers, of either layout (a jagged one
+    reached the ops to fail as "NotImplementedError: mm_variants.linear.default"), and a strided
+    one by the ops too, which stopped at the dispatcher's "Could not run ... 'NestedTensorCPU'
+    backend" (or, with a weight that requires grad, "NestedTensorImpl doesn't support sizes")."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the strided layout's "prototype stage" warning
+        nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=layout)
+    w = torch.randn(5, 3)
+    wrapped = rf"\(\): argument 'x' \(position 1\) is a nested tensor \(layout {layout}\); " \
+              r"nested tensors are not supported"
+    with raises(r"torch_mm_variants\.linear" + wrapped):
+        mmv.linear(nested, w)
+    with raises(r"torch_mm_variants\.Linear\.forward" + wrapped):
+        mmv.Linear(3, 5)(nested)  # its parameters require grad
+    with raises(r"torch_mm_variants\.matmul" + wrapped.replace("'x'", "'a'")):
+        mmv.matmul(nested, w.t())
+    with raises(r"torch_mm_variants\.matmul\(\): argument 'b' \(position 2\) is a nested"):
+        mmv.matmul(w, nested)
+    if layout is torch.jagged:
+        return  # a tensor subclass: its own dispatch answers the ops
+    op = r"is a nested tensor; nested tensors are not supported"
+    with raises(r"mm_variants::matmul: a " + op):
+        torch.ops.mm_variants.matmul(nested, w.t())
+    with raises(r"mm_variants::bmm: a " + op):
+        torch.ops.mm_variants.bmm(nested, w.t())
+    with raises(r"mm_variants::linear: x " + op):
+        torch.ops.mm_variants.linear(nested, w)
+    with raises(r"mm_variants::linear: weight " + op):
+        torch.ops.mm_variants.linear(w, nested)
 
 
 def test_quantized_operands_are_refused_by_name():

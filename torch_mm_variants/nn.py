@@ -22,10 +22,19 @@ def check_algorithm(name: str) -> str:
 def check_tensor(function: str, name: str, position: int, value) -> None:
     """Refuses (TypeError) an argument that is not a tensor (a list, a NumPy array, a number) in
     torch.mm's words, before the wrapper reads it or the op answers with a RuntimeError. Objects
-    that override torch functions (__torch_function__) pass, as torch's own functions let them."""
-    if not isinstance(value, torch.Tensor) and not hasattr(type(value), "__torch_function__"):
-        raise TypeError(f"{function}(): argument '{name}' (position {position}) must be Tensor, "
-                        f"not {type(value).__name__}")
+    that override torch functions (__torch_function__) pass, as torch's own functions let them.
+
+    A nested tensor is refused by name too (RuntimeError, as the ops refuse other layouts): a
+    jagged one would reach the ops only to fail in its own dispatch as "NotImplementedError:
+    mm_variants.linear.default", and a strided one's sizes cannot be read on the way."""
+    if not isinstance(value, torch.Tensor):
+        if not hasattr(type(value), "__torch_function__"):
+            raise TypeError(f"{function}(): argument '{name}' (position {position}) must be "
+                            f"Tensor, not {type(value).__name__}")
+    elif value.is_nested:
+        raise RuntimeError(f"{function}(): argument '{name}' (position {position}) is a nested "
+                           f"tensor (layout {value.layout}); nested tensors are not supported "
+                           "(multiply its unbind()'s tensors one by one)")
 
 
 def check_activation(name: str) -> str:

@@ -35,6 +35,9 @@ void check_floating(c10::ScalarType dtype) {
 }  // namespace
 
 void check_strided(const char* op, const char* name, const at::Tensor& t) {
+  // A strided nested tensor reports the strided layout, but has no sizes to read.
+  TORCH_CHECK(!t.is_nested(), op, ": ", name, " is a nested tensor; nested tensors are not "
+              "supported (multiply its unbind()'s tensors one by one)");
   TORCH_CHECK(t.layout() == at::kStrided, op, ": ", name, " must be a dense (strided) tensor, "
               "got layout ", t.layout(), "; convert it with .to_dense()");
 }
@@ -166,7 +169,8 @@ TORCH_LIBRARY_IMPL(mm_variants, CPU, m) { m.impl("matmul", &mm_variants::matmul)
 // An operand of another layout (sparse, mkldnn) or a quantized one sends the call to its own
 // dispatch key, where without a kernel the dispatcher's "Could not run ... backend" error would
 // answer. matmul's checks refuse it by name there before reading anything, as bmm's and linear's
-// (CompositeExplicitAutograd, which covers these keys) do.
+// (CompositeExplicitAutograd, which covers these keys) do. A nested tensor's keys, which
+// CompositeExplicitAutograd does not cover, get all three ops (bmm.cpp, linear.cpp).
 #define MM_VARIANTS_REFUSE_ON(key) \
   TORCH_LIBRARY_IMPL(mm_variants, key, m) { m.impl("matmul", &mm_variants::matmul); }
 MM_VARIANTS_REFUSE_ON(SparseCPU)
@@ -176,6 +180,8 @@ MM_VARIANTS_REFUSE_ON(SparseCsrCUDA)
 MM_VARIANTS_REFUSE_ON(MkldnnCPU)
 MM_VARIANTS_REFUSE_ON(QuantizedCPU)
 MM_VARIANTS_REFUSE_ON(QuantizedCUDA)
+MM_VARIANTS_REFUSE_ON(NestedTensorCPU)
+MM_VARIANTS_REFUSE_ON(NestedTensorCUDA)
 #undef MM_VARIANTS_REFUSE_ON
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
