@@ -138,7 +138,8 @@ def test_nested_tensors_are_refused_by_name(layout):
     """A nested tensor is refused by name by the wrappers, of either layout (a jagged one
     reached the ops to fail as "NotImplementedError: mm_variants.linear.default"), and a strided
     one by the ops too, which stopped at the dispatcher's "Could not run ... 'NestedTensorCPU'
-    backend" (or, with a weight that requires grad, "NestedTensorImpl doesn't support sizes")."""
+    backend" (or, with a weight that requires grad, "NestedTensorImpl doesn't support sizes"),
+    also where a gradient is to be recorded."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the strided layout's "prototype stage" warning
         nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=layout)
@@ -164,6 +165,14 @@ def test_nested_tensors_are_refused_by_name(layout):
         torch.ops.mm_variants.linear(nested, w)
     with raises(r"mm_variants::linear: weight " + op):
         torch.ops.mm_variants.linear(w, nested)
+    # With a gradient to record, the autograd kernel checks before its node reads any sizes.
+    w.requires_grad_()
+    with raises(r"mm_variants::matmul: a " + op):
+        torch.ops.mm_variants.matmul(nested, w.t())
+    with raises(r"mm_variants::bmm: b " + op):
+        torch.ops.mm_variants.bmm(w.unsqueeze(0), nested)
+    with raises(r"mm_variants::linear: x " + op):
+        torch.ops.mm_variants.linear(nested, w)
 
 
 def test_quantized_operands_are_refused_by_name():

@@ -297,13 +297,21 @@ at::Tensor linear_tangent(const at::Tensor& x_dual, const at::Tensor& weight_dua
   return activation_grad(dpre, pre, act);
 }
 
+// The operands' layouts are checked before a node of Function reads their sizes, which a
+// strided nested tensor does not have: otherwise PyTorch's "NestedTensorImpl doesn't support
+// sizes" answers, not the op's refusal.
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+  check_strided("mm_variants::matmul", "a", a);
+  check_strided("mm_variants::matmul", "b", b);
   return product_autograd<MatmulFunction>(matmul_op, a, b, algorithm);
 }
 
 at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
                            const c10::optional<at::Tensor>& bias, c10::string_view activation,
                            c10::string_view algorithm) {
+  check_strided("mm_variants::linear", "x", x);
+  check_strided("mm_variants::linear", "weight", weight);
+  if (bias.has_value()) check_strided("mm_variants::linear", "bias", *bias);
   const at::Tensor bias_or_none = bias.value_or(at::Tensor());
   const bool dual = has_tangent({x, weight, bias_or_none});
   at::Tensor out;
@@ -323,6 +331,8 @@ at::Tensor linear_autograd(const at::Tensor& x, const at::Tensor& weight,
 }
 
 at::Tensor bmm_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
+  check_strided("mm_variants::bmm", "a", a);
+  check_strided("mm_variants::bmm", "b", b);
   return product_autograd<BmmFunction>(bmm_op, a, b, algorithm);
 }
 
