@@ -135,11 +135,10 @@ def test_non_strided_operands_are_refused_by_name(to_layout):
 
 @pytest.mark.parametrize("layout", [torch.strided, torch.jagged], ids=["strided", "jagged"])
 def test_nested_tensors_are_refused_by_name(layout):
-    """A nested tensor is refused by name by the wrappers, of either layout (a jagged one
-    reached the ops to fail as "NotImplementedError: mm_variants.linear.default"), and a strided
-    one by the ops too, which stopped at the dispatcher's "Could not run ... 'NestedTensorCPU'
-    backend" (or, with a weight that requires grad, "NestedTensorImpl doesn't support sizes"),
-    also where a gradient is to be recorded."""
+    """A nested tensor of either layout is refused by name by the wrappers and by the ops. A
+    strided one stopped at the dispatcher's "Could not run ... 'NestedTensorCPU' backend" (or,
+    with a weight that requires grad, "NestedTensorImpl doesn't support sizes"), a jagged one at
+    "NotImplementedError: mm_variants.linear.default"."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the strided layout's "prototype stage" warning
         nested = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(4, 3)], layout=layout)
@@ -154,8 +153,8 @@ def test_nested_tensors_are_refused_by_name(layout):
         mmv.matmul(nested, w.t())
     with raises(r"torch_mm_variants\.matmul\(\): argument 'b' \(position 2\) is a nested"):
         mmv.matmul(w, nested)
-    if layout is torch.jagged:
-        return  # a tensor subclass: its own dispatch answers the ops
+    # The ops' autograd kernels refuse either layout before anything reads its sizes (a jagged
+    # one, a tensor subclass, would otherwise reach its own dispatch, which has no rule for them).
     op = r"is a nested tensor; nested tensors are not supported"
     with raises(r"mm_variants::matmul: a " + op):
         torch.ops.mm_variants.matmul(nested, w.t())
