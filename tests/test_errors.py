@@ -172,6 +172,17 @@ def test_nested_tensors_are_refused_by_name(layout):
         torch.ops.mm_variants.bmm(w.unsqueeze(0), nested)
     with raises(r"mm_variants::linear: x " + op):
         torch.ops.mm_variants.linear(nested, w)
+    # Under inference_mode no autograd kernel runs first: a jagged operand reaches its subclass's
+    # dispatch, a strided one the ops' nested-tensor registrations, and both refuse it by name.
+    with torch.inference_mode():
+        with raises(r"mm_variants::matmul: b " + op):
+            torch.ops.mm_variants.matmul(w, nested)
+        with raises(r"mm_variants::bmm: a " + op):
+            torch.ops.mm_variants.bmm(nested, w.t())
+        with raises(r"mm_variants::linear: weight " + op):
+            torch.ops.mm_variants.linear(w, nested)
+        with raises(r"mm_variants::linear: bias " + op):
+            torch.ops.mm_variants.linear(w, w, nested)
 
 
 def test_quantized_operands_are_refused_by_name():
@@ -179,9 +190,9 @@ def test_quantized_operands_are_refused_by_name():
     q = torch.quantize_per_tensor(torch.randn(3, 4), 0.1, 0, torch.qint8)
     with raises(r"matmul: unsupported dtype QInt8"):
         mmv.matmul(q, q.t())
-    with raises(r"matmul: unsupported dtype QInt8"):
+    with raises(r"linear: unsupported dtype QInt8"):
         mmv.linear(q, q)
-    with raises(r"matmul: unsupported dtype QInt8"):
+    with raises(r"bmm: unsupported dtype QInt8"):
         mmv.matmul(q.unsqueeze(0), q.t())
 
 
@@ -310,6 +321,14 @@ def eager_refusal(call, operands):
 
 
 @pytest.mark.parametrize("call,operands", REFUSALS)
+def test_refusals_name_the_op_called(request, call, operands):
+    """linear and bmm run matmul's checks of dtype and algorithm on the product they choose for,
+    in their own name: a linear refused for its dtype says mm_variants::linear."""
+    op = request.node.callspec.id.split("-")[0]
+    assert eager_refusal(call, operands)[1].startswith(f"mm_variants::{op}: ")
+
+
+@pytest.mark.parametrize("call,operands", REFUSALS)
 def test_fake_kernel_refuses_like_eager(call, operands):
     tensors, message = eager_refusal(call, operands)
     with FakeTensorMode() as mode:
@@ -336,7 +355,7 @@ def test_fake_kernels_refuse_mixed_devices():
         with raises(re.escape("mm_variants::matmul: expected a and b on the same device, but "
                               "found cpu and cuda:0")):
             mmv.matmul(cpu, gpu.t())
-        with raises(re.escape("mm_variants::matmul: expected a and b on the same device, but "
+        with raises(re.escape("mm_variants::bmm: expected a and b on the same device, but "
                               "found cpu and cuda:0")):
             mmv.matmul(cpu.expand(5, 2, 3), gpu.t())
         with raises(re.escape("mm_variants::linear: expected x and weight on the same device, "

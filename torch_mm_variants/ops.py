@@ -37,7 +37,7 @@ def _matmul_fake(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> t
         f"({a.shape[0]}x{a.shape[1]} and {b.shape[0]}x{b.shape[1]})",
     )
     _check_same_kind("matmul", "a and b", a, b)
-    _C.check_dtype_and_algorithm(a.dtype, a.device, algorithm)
+    _C.check_dtype_and_algorithm("mm_variants::matmul", a.dtype, a.device, algorithm)
     return a.new_empty((a.shape[0], b.shape[1]))
 
 
@@ -70,7 +70,7 @@ def _linear_fake(x, weight, bias=None, activation="none", algorithm="auto"):
         _check_bias(bias, weight)
     torch._check(activation in ACTIVATIONS, lambda: f"mm_variants::linear: unknown activation "
                  f"'{activation}'; valid: {', '.join(ACTIVATIONS)}")
-    _C.check_dtype_and_algorithm(x.dtype, x.device, algorithm)
+    _C.check_dtype_and_algorithm("mm_variants::linear", x.dtype, x.device, algorithm)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
@@ -86,9 +86,9 @@ def _bmm_fake(a, b, algorithm="auto"):
     torch._check(a.shape[2] == b.shape[-2],
                  lambda: f"mm_variants::bmm: a and b shapes cannot be multiplied "
                  f"({list(a.shape)} and {list(b.shape)})")
-    # bmm's eager kernel checks the rest as one product's: with matmul's messages.
-    _check_same_kind("matmul", "a and b", a, b)
-    _C.check_dtype_and_algorithm(a.dtype, a.device, algorithm)
+    # bmm's eager kernel checks the rest as one product's, with matmul's checks in its own name.
+    _check_same_kind("bmm", "a and b", a, b)
+    _C.check_dtype_and_algorithm("mm_variants::bmm", a.dtype, a.device, algorithm)
     return a.new_empty((a.shape[0], a.shape[1], b.shape[-1]))
 
 
@@ -180,3 +180,31 @@ def _linear_vmap(info, in_dims, x, weight, bias=None, activation="none", algorit
                                             algorithm), 0
     return _per_entry(torch.ops.mm_variants.linear, info.batch_size, (x, weight, bias),
                       (x_dim, weight_dim, bias_dim), activation, algorithm), 0
+
+
+# A jagged nested tensor is a Python subclass. Under torch.inference_mode no autograd kernel
+# checks the operands first, and the call would reach the subclass's __torch_dispatch__ and its
+# bare NotImplementedError; this rule refuses it by name there, as the ops refuse a strided one.
+
+_OPERAND_NAMES = {"matmul": ("a", "b"), "bmm": ("a", "b"), "linear": ("x", "weight", "bias")}
+
+
+def _refuse_nested(op: str):
+    def rule(_mode, _func, _types, args, kwargs):
+        operands = dict(zip(_OPERAND_NAMES[op], args), **kwargs)
+        for name in _OPERAND_NAMES[op]:
+            if isinstance(operands.get(name), torch.Tensor):
+                _C.check_strided(f"mm_variants::{op}", name, operands[name])
+        raise AssertionError(f"mm_variants::{op} reached the nested tensors' rule without a "
+                             "nested operand")
+    return rule
+
+
+try:
+    from torch.nested._internal.nested_tensor import NestedTensor as _JaggedNestedTensor
+except ImportError:  # a PyTorch without jagged nested tensors has none to refuse
+    _JaggedNestedTensor = None
+if _JaggedNestedTensor is not None:
+    for _op in _OPERAND_NAMES:
+        torch.library.register_torch_dispatch(f"mm_variants::{_op}",
+                                              _JaggedNestedTensor)(_refuse_nested(_op))

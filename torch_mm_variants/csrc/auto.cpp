@@ -259,26 +259,26 @@ std::vector<double> time_on_cpu(const std::vector<const Algorithm*>& candidates,
 
 std::string cpu_name(c10::Device) { return "cpu"; }
 
-void check_has_candidate(bool has_candidate, c10::Device device, c10::ScalarType dtype) {
-  TORCH_CHECK(has_candidate, "mm_variants::matmul: no algorithm on ", device, " supports dtype ",
-              dtype,
+void check_has_candidate(const char* op, bool has_candidate, c10::Device device,
+                         c10::ScalarType dtype) {
+  TORCH_CHECK(has_candidate, op, ": no algorithm on ", device, " supports dtype ", dtype,
               algorithms_for(device).empty() ? " (this build has no kernels for that device)" : "");
 }
 
 }  // namespace
 
-void check_auto_dtype(c10::Device device, c10::ScalarType dtype) {
+void check_auto_dtype(const char* op, c10::Device device, c10::ScalarType dtype) {
   const auto all = algorithms_for(device);
-  check_has_candidate(std::any_of(all.begin(), all.end(),
+  check_has_candidate(op, std::any_of(all.begin(), all.end(),
                                   [&](const Algorithm* algorithm) {
                                     return auto_takes(*algorithm, dtype);
                                   }),
                       device, dtype);
 }
 
-AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b) {
+AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* op) {
   const auto candidates = eligible(a, b);
-  check_has_candidate(!candidates.empty(), a.device(), a.scalar_type());
+  check_has_candidate(op, !candidates.empty(), a.device(), a.scalar_type());
   AutoDecision heuristic{heuristic_choice(candidates, a, b), "heuristic", ""};
   TuningState& s = state();
   // Held while measuring too: one measurement at a time, so that no two threads time kernels on

@@ -22,14 +22,15 @@ struct AutoDecision {
   std::string bucket;  // the cache key: device, dtype, layouts and shape bucket
 };
 
-AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b);
+// `op` names the op in the refusal of a dtype that no candidate takes.
+AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* op = kMatmulOp);
 
 // decide_auto's refusal of a dtype that no candidate on `device` takes, before any sizes are
 // known (the fake kernels run it through check_dtype_and_algorithm).
-void check_auto_dtype(c10::Device device, c10::ScalarType dtype);
+void check_auto_dtype(const char* op, c10::Device device, c10::ScalarType dtype);
 
-inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b) {
-  return *decide_auto(a, b).algorithm;
+inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b, const char* op) {
+  return *decide_auto(a, b, op).algorithm;
 }
 
 void set_autotune(bool enabled);

@@ -37,7 +37,8 @@ at::Tensor b_entry(const at::Tensor& b, int64_t i) { return b.dim() == 3 ? b.sel
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
   const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
   const c10::OptionalDeviceGuard guard(a.device());
-  const Algorithm& chosen = resolve_algorithm(a_chosen_on, b_chosen_on, algorithm);
+  const Algorithm& chosen =
+      resolve_algorithm("mm_variants::bmm", a_chosen_on, b_chosen_on, algorithm);
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(-1);
   if (batch == 0) return at::empty({0, m, n}, a.options());
   if (m == 0 || n == 0 || k == 0) return at::zeros({batch, m, n}, a.options());

@@ -54,7 +54,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight,
   const int64_t batch = c10::multiply_integers(x.sizes().begin(), x.sizes().end() - 1);
   const at::Tensor rows = x.reshape({batch, x.size(-1)});
   const at::Tensor weight_t = weight.t();
-  const Algorithm& chosen = resolve_algorithm(rows, weight_t, algorithm);
+  const Algorithm& chosen = resolve_algorithm("mm_variants::linear", rows, weight_t, algorithm);
 
   std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = weight.size(0);

@@ -27,8 +27,8 @@ std::string dtype_list(const Algorithm& algorithm) {
   return out.str();
 }
 
-void check_floating(c10::ScalarType dtype) {
-  TORCH_CHECK(c10::isFloatingType(dtype), "mm_variants::matmul: unsupported dtype ", dtype,
+void check_floating(const char* op, c10::ScalarType dtype) {
+  TORCH_CHECK(c10::isFloatingType(dtype), op, ": unsupported dtype ", dtype,
               "; supported: Float, Half, BFloat16 (and Double on the CPU)");
 }
 
@@ -44,36 +44,35 @@ void check_strided(const char* op, const char* name, const at::Tensor& t) {
 
 namespace {
 
-void check_inputs(const at::Tensor& a, const at::Tensor& b) {
-  check_strided("mm_variants::matmul", "a", a);
-  check_strided("mm_variants::matmul", "b", b);
-  TORCH_CHECK(a.dim() == 2, "mm_variants::matmul: a must be a matrix, got a ", a.dim(),
-              "-D tensor");
-  TORCH_CHECK(b.dim() == 2, "mm_variants::matmul: b must be a matrix, got a ", b.dim(),
-              "-D tensor");
-  TORCH_CHECK(a.size(1) == b.size(0), "mm_variants::matmul: a and b shapes cannot be multiplied (",
-              a.size(0), "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
-  TORCH_CHECK(a.scalar_type() == b.scalar_type(),
-              "mm_variants::matmul: expected a and b to have the same dtype, but got: ",
-              a.scalar_type(), " != ", b.scalar_type());
-  TORCH_CHECK(a.device() == b.device(),
-              "mm_variants::matmul: expected a and b on the same device, but found ", a.device(),
-              " and ", b.device());
-  check_floating(a.scalar_type());
+// The checks of one product's operands. `op` names the op in the messages: linear and bmm run
+// them too, on the product they choose their algorithm for.
+void check_inputs(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  check_strided(op, "a", a);
+  check_strided(op, "b", b);
+  TORCH_CHECK(a.dim() == 2, op, ": a must be a matrix, got a ", a.dim(), "-D tensor");
+  TORCH_CHECK(b.dim() == 2, op, ": b must be a matrix, got a ", b.dim(), "-D tensor");
+  TORCH_CHECK(a.size(1) == b.size(0), op, ": a and b shapes cannot be multiplied (", a.size(0),
+              "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type(), op,
+              ": expected a and b to have the same dtype, but got: ", a.scalar_type(), " != ",
+              b.scalar_type());
+  TORCH_CHECK(a.device() == b.device(), op, ": expected a and b on the same device, but found ",
+              a.device(), " and ", b.device());
+  check_floating(op, a.scalar_type());
 }
 
-void check_supports(const Algorithm& algorithm, c10::ScalarType dtype, c10::Device device) {
-  TORCH_CHECK(algorithm.supports(dtype), "mm_variants::matmul: algorithm '", algorithm.name,
+void check_supports(const char* op, const Algorithm& algorithm, c10::ScalarType dtype,
+                    c10::Device device) {
+  TORCH_CHECK(algorithm.supports(dtype), op, ": algorithm '", algorithm.name,
               "' does not support dtype ", dtype, " on ", device.type(), "; it supports: ",
               dtype_list(algorithm));
 }
 
-void check_algorithm_accepts(const Algorithm& algorithm, const at::Tensor& a,
+void check_algorithm_accepts(const char* op, const Algorithm& algorithm, const at::Tensor& a,
                              const at::Tensor& b) {
-  check_supports(algorithm, a.scalar_type(), a.device());
-  TORCH_CHECK(algorithm.accepts == nullptr || algorithm.accepts(a, b),
-              "mm_variants::matmul: algorithm '", algorithm.name, "' cannot take these inputs: ",
-              algorithm.why_not);
+  check_supports(op, algorithm, a.scalar_type(), a.device());
+  TORCH_CHECK(algorithm.accepts == nullptr || algorithm.accepts(a, b), op, ": algorithm '",
+              algorithm.name, "' cannot take these inputs: ", algorithm.why_not);
 }
 
 // When set, every output is filled with NaN before its kernel runs, so that an element a kernel
@@ -82,12 +81,13 @@ std::atomic<bool> poison_outputs{false};
 
 }  // namespace
 
-const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
+const Algorithm& resolve_algorithm(const char* op, const at::Tensor& a, const at::Tensor& b,
                                    c10::string_view algorithm) {
-  check_inputs(a, b);
+  check_inputs(op, a, b);
   const std::string name(algorithm);
-  const Algorithm& chosen = name == "auto" ? choose_auto(a, b) : find_algorithm(a.device(), name);
-  check_algorithm_accepts(chosen, a, b);
+  const Algorithm& chosen =
+      name == "auto" ? choose_auto(a, b, op) : find_algorithm(a.device(), name, op);
+  check_algorithm_accepts(op, chosen, a, b);
   return chosen;
 }
 
@@ -100,7 +100,7 @@ at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options) {
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  const Algorithm& chosen = resolve_algorithm(a, b, algorithm);
+  const Algorithm& chosen = resolve_algorithm(kMatmulOp, a, b, algorithm);
   const int64_t m = a.size(0), k = a.size(1), n = b.size(1);
   if (m == 0 || n == 0 || k == 0) return at::zeros({m, n}, a.options());
   at::Tensor out = new_output(m, n, a.options());
@@ -126,7 +126,7 @@ std::vector<std::string> algorithm_dtypes(const std::string& device, const std::
 
 std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const at::Tensor& a,
                                                 const at::Tensor& b) {
-  check_inputs(a, b);
+  check_inputs(kMatmulOp, a, b);
   if (name == "auto") return {true, ""};  // auto picks among the algorithms that accept
   const Algorithm& algorithm = find_algorithm(a.device(), name);
   if (!algorithm.supports(a.scalar_type())) return {false, "does not support dtype"};
@@ -137,24 +137,34 @@ std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const a
 // resolve_algorithm's checks that read only the dtype, the device and the name, for the fake
 // kernels (ops.py): torch.compile then refuses what eager mode refuses, with the same message.
 // An algorithm's `accepts` reads sizes and settings of the run, so it is left to the run.
-void check_dtype_and_algorithm(c10::ScalarType dtype, c10::Device device,
+void check_dtype_and_algorithm(const std::string& op, c10::ScalarType dtype, c10::Device device,
                                const std::string& name) {
-  check_floating(dtype);
+  check_floating(op.c_str(), dtype);
   if (device.is_meta()) return;  // no kernels to look up: the fake kernel is a meta tensor's own
-  if (name == "auto") return check_auto_dtype(device, dtype);
-  check_supports(find_algorithm(device, name), dtype, device);
+  if (name == "auto") return check_auto_dtype(op.c_str(), device, dtype);
+  check_supports(op.c_str(), find_algorithm(device, name, op.c_str()), dtype, device);
 }
+
+namespace {
+
+AutoDecision explain_product(const char* op, const at::Tensor& a, const at::Tensor& b) {
+  check_inputs(op, a, b);
+  return decide_auto(a, b, op);
+}
+
+}  // namespace
 
 std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor& a,
                                                                const at::Tensor& b) {
   // torch_mm_variants.matmul sends a batch a [B, M, K] to mm_variants::bmm, whose auto reads
-  // the inputs of one product of the batch.
+  // the inputs of one product of the batch, and whose name its refusals give.
+  AutoDecision decision;
   if (a.dim() == 3) {
     const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
-    return explain_auto(a_chosen_on, b_chosen_on);
+    decision = explain_product("mm_variants::bmm", a_chosen_on, b_chosen_on);
+  } else {
+    decision = explain_product(kMatmulOp, a, b);
   }
-  check_inputs(a, b);
-  const AutoDecision decision = decide_auto(a, b);
   return {decision.algorithm->name, decision.reason, decision.bucket};
 }
 
@@ -209,6 +219,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("check_dtype_and_algorithm", &mm_variants::check_dtype_and_algorithm,
         "The op's checks that read only the inputs' dtype and device and the algorithm name, with "
         "its messages (for the fake kernels)");
+  m.def("check_strided", &mm_variants::check_strided,
+        "Refuses a nested or non-strided operand by name: (op, operand's name, tensor)");
   m.def("dtype_name", [](c10::ScalarType dtype) { return std::string(c10::toString(dtype)); },
         "A dtype's name as the op's messages write it: Float, Half, BFloat16, Double, Long, ...");
   m.def("explain_auto", &mm_variants::explain_auto,

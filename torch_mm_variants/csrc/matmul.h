@@ -16,8 +16,9 @@ namespace mm_variants {
 // through the registry, allocates the result and runs the kernel.
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm);
 
-// The validation and algorithm choice of matmul, for ops built on it (linear.cpp).
-const Algorithm& resolve_algorithm(const at::Tensor& a, const at::Tensor& b,
+// The validation and algorithm choice of matmul, for ops built on it (linear.cpp, bmm.cpp),
+// whose name `op` ("mm_variants::linear") its messages give.
+const Algorithm& resolve_algorithm(const char* op, const at::Tensor& a, const at::Tensor& b,
                                    c10::string_view algorithm);
 
 // The one product whose inputs mm_variants::bmm chooses its algorithm on, for the whole batch

@@ -60,21 +60,21 @@ std::vector<std::string> registered_names() {
   return names;
 }
 
-const Algorithm& find_algorithm(c10::Device device, const std::string& name) {
+const Algorithm& find_algorithm(c10::Device device, const std::string& name, const char* op) {
   const auto candidates = algorithms_for(device);
   for (const Algorithm* algorithm : candidates) {
     if (algorithm->name == name) return *algorithm;
   }
   const std::string device_name = c10::DeviceTypeName(device.type(), /*lower_case=*/true);
-  TORCH_CHECK(!candidates.empty(), "mm_variants::matmul: no ", device_name,
+  TORCH_CHECK(!candidates.empty(), op, ": no ", device_name,
               " kernels are available in this build of torch_mm_variants (device ", device.str(),
               ")");
   for (const Algorithm& algorithm : all_algorithms()) {
     TORCH_CHECK(algorithm.name != name || algorithm.device_type != device.type(),
-                "mm_variants::matmul: algorithm '", name, "' cannot run on ", device.str(),
+                op, ": algorithm '", name, "' cannot run on ", device.str(),
                 "; valid algorithms there: ", join_names(candidates));
   }
-  TORCH_CHECK(false, "mm_variants::matmul: unknown algorithm '", name, "' for ", device_name,
+  TORCH_CHECK(false, op, ": unknown algorithm '", name, "' for ", device_name,
               "; valid algorithms: ", join_names(candidates));
 }
 

@@ -15,6 +15,9 @@
 
 namespace mm_variants {
 
+// The op that messages name unless their caller names another (linear and bmm name their own).
+inline constexpr char kMatmulOp[] = "mm_variants::matmul";
+
 // Writes a @ b into out. `a` is [M, K] and `b` is [K, N] with arbitrary strides and storage
 // offsets; `out` is a fresh contiguous [M, N] tensor of the inputs' dtype. The op has already
 // validated shapes, dtypes and devices, and handled M, N or K == 0, so kernels see M, N, K >= 1.
@@ -69,7 +72,8 @@ std::vector<const Algorithm*> algorithms_for(c10::Device device);
 std::vector<std::string> registered_names();
 
 // Looks `name` up for `device`; throws a c10::Error listing the valid names when it is unknown.
-const Algorithm& find_algorithm(c10::Device device, const std::string& name);
+const Algorithm& find_algorithm(c10::Device device, const std::string& name,
+                                const char* op = kMatmulOp);
 
 struct AlgorithmRegistrar {
   explicit AlgorithmRegistrar(Algorithm algorithm) { register_algorithm(std::move(algorithm)); }

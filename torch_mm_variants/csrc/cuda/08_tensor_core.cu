@@ -556,7 +556,7 @@ void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned e
   if (kLarge <= smem) {
     launch_tiled(LargeTiling{});
   } else {
-    TORCH_CHECK(kSmall <= smem, "mm_variants::matmul: tensor_core needs ", kSmall,
+    TORCH_CHECK(kSmall <= smem, "torch_mm_variants: tensor_core needs ", kSmall,
                 " bytes of shared memory per block; ", device.name, " has ", smem);
     launch_tiled(SmallTiling{});
   }

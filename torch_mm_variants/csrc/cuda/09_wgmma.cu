@@ -693,7 +693,7 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   auto* kernel = kernel_for<S, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
-  TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
+  TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "torch_mm_variants: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
   const unsigned splits = ceil_div(ceil_div(g.K, BK), steps_per_split);
   if (splits > 1) {
@@ -704,7 +704,7 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
                             g.M, g.N, g.K, steps_per_split);
   }
   const int resident = resident_clusters(kernel, dim3(kCluster), kThreads, S::kSmemBytes);
-  TORCH_CHECK(resident > 0, "mm_variants::matmul: wgmma's thread-block clusters do not fit on ",
+  TORCH_CHECK(resident > 0, "torch_mm_variants: wgmma's thread-block clusters do not fit on ",
               device_properties(c10::cuda::current_device()).name);
   const int64_t clusters = std::min<int64_t>(cluster_tiles, resident);
   KernelLaunch persistent_launch(dim3(static_cast<unsigned>(clusters * kCluster)), kThreads,

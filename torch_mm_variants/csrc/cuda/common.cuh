@@ -165,7 +165,7 @@ void with_gemm(const at::Tensor& a_in, const at::Tensor& b_in, at::Tensor& out, 
   const at::Tensor a = with_unit_stride(a_in), b = with_unit_stride(b_in);
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   TORCH_CHECK(M <= INT_MAX && N <= INT_MAX && K <= INT_MAX,
-              "mm_variants::matmul: the CUDA kernels take dimensions below 2^31, got ", M, "x", K,
+              "torch_mm_variants: the CUDA kernels take dimensions below 2^31, got ", M, "x", K,
               " and ", K, "x", N);
   TORCH_INTERNAL_ASSERT(out.is_contiguous() && reinterpret_cast<uintptr_t>(out.data_ptr()) % 16 == 0,
                         "mm_variants: kernels write a fresh contiguous output");
@@ -196,7 +196,7 @@ void with_vector_width(const G& g, F&& f) {
 template <int BM, int BN, typename G>
 dim3 tile_grid(const G& g) {
   const int64_t tiles = static_cast<int64_t>(ceil_div(g.M, BM)) * ceil_div(g.N, BN);
-  TORCH_CHECK(tiles <= INT_MAX, "mm_variants::matmul: output ", g.M, "x", g.N,
+  TORCH_CHECK(tiles <= INT_MAX, "torch_mm_variants: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
   return dim3(static_cast<unsigned>(tiles));
 }

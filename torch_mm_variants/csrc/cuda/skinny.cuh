@@ -59,7 +59,7 @@ Rows tokens(const at::Tensor& a) {
 // Both rungs index N and K with int.
 inline void check_extents(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "mm_variants::matmul: skinny takes N and K below 2^31,"
+  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "torch_mm_variants: skinny takes N and K below 2^31,"
               " got ", M, "x", K, " and ", K, "x", N);
 }
 

@@ -28,7 +28,7 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
     C10_CUDA_CHECK(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000,
                                                     cudaEnableDefault, &found));
     TORCH_CHECK(found == cudaDriverEntryPointSuccess && fn != nullptr,
-                "mm_variants::matmul: the CUDA driver does not provide cuTensorMapEncodeTiled");
+                "torch_mm_variants: the CUDA driver does not provide cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
   return encode;
@@ -55,7 +55,7 @@ CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, in
       &map, kType, 2, const_cast<T*>(data), dims, strides, box, element_strides,
       CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  TORCH_CHECK(result == CUDA_SUCCESS, "mm_variants::matmul: TMA could not describe a ", outer,
+  TORCH_CHECK(result == CUDA_SUCCESS, "torch_mm_variants: TMA could not describe a ", outer,
               "x", inner, " operand (leading dimension ", ld, ", CUresult ",
               static_cast<int>(result), ")");
   return map;
