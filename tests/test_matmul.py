@@ -48,6 +48,42 @@ def test_sliced_inputs_with_offset(device, algorithm, dtype):
         assert_matches_reference(a, b[:, ::2], algorithm)  # no unit stride at all
 
 
+def unusual_strides(m, n, k, dtype, device):
+    """(name, a, b) with strides torch.mm takes but few kernels expect: 0 along one dimension
+    (a row or a column expanded), or rows that overlap (8 elements apart, shorter than their
+    length; 16 bytes apart in 16 bits, so the 16-byte copy and TMA paths may take them)."""
+    def rand(*shape):
+        return torch.randn(*shape, device=device).to(dtype)
+
+    def overlapping(rows, cols):
+        return rand(rows * 8 + cols).as_strided((rows, cols), (8, 1))
+
+    plain_a, plain_b = rand(m, k), rand(k, n)
+    return [("a-row-expanded", rand(1, k).expand(m, k), plain_b),
+            ("a-column-expanded", rand(m, 1).expand(m, k), plain_b),
+            ("b-row-expanded", plain_a, rand(1, n).expand(k, n)),
+            ("b-column-expanded", plain_a, rand(k, 1).expand(k, n)),
+            ("both-scalars-expanded", rand(()).expand(m, k), rand(()).expand(k, n)),
+            ("a-rows-overlap", overlapping(m, k), plain_b),
+            ("b-rows-overlap", plain_a, overlapping(k, n)),
+            ("b-transposed-rows-overlap", plain_a, overlapping(n, k).t())]
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_zero_and_overlapping_strides(device, algorithm, dtype):
+    """Expanded and overlapping operands are read in place, as torch.mm reads them, or refused
+    by an algorithm's `accepts` with its reason; never misread."""
+    torch.manual_seed(0)
+    checked = 0
+    for m, n, k in [(61, 33, 37), (48, 256, 64), (128, 256, 64)]:
+        for name, a, b in unusual_strides(m, n, k, dtype, device):
+            try:
+                checked += assert_matches_reference(a, b, algorithm)
+            except AssertionError as error:
+                raise AssertionError(f"{name} at {m}x{n}x{k}: {error}") from error
+    assert checked > 0, f"{algorithm} refused every case"
+
+
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
 def test_larger_square(device, algorithm, dtype):
     n = 517 if device == "cuda" else 259

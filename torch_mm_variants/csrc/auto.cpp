@@ -252,7 +252,8 @@ std::vector<double> time_on_cpu(const std::vector<const Algorithm*>& candidates,
     algorithm->run(a, b, out);
     const auto start = std::chrono::steady_clock::now();
     algorithm->run(a, b, out);
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+    const auto elapsed = std::chrono::steady_clock::now() - start;
+    ms.push_back(std::chrono::duration<double, std::milli>(elapsed).count());
   }
   return ms;
 }
@@ -339,7 +340,8 @@ void register_device_tuner(c10::DeviceType type, DeviceTuner tuner) {
 }
 
 namespace {
-const bool cpu_tuner_registered = (register_device_tuner(c10::kCPU, {&time_on_cpu, &cpu_name}), true);
+const bool cpu_tuner_registered =
+    (register_device_tuner(c10::kCPU, {&time_on_cpu, &cpu_name}), true);
 }  // namespace
 
 }  // namespace mm_variants
