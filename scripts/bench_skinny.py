@@ -104,7 +104,7 @@ def measure(inputs, algorithms, time_us, tolerance: float):
     # Every copy's product is checked, not the first only: the timed calls run on all of them.
     products = [(x_, w_.t()) for x_, w_ in inputs]
     references = [x_.double() @ w_.double().t() for x_, w_ in inputs]
-    results, baseline_times = [], []
+    results, beside = [], bench.BesideTorchMm(lambda: time_us(torch.mm, inputs))
     for algorithm in algorithms:
         accepted, why = mmv._C.algorithm_accepts(algorithm, x, w.t())
         if not accepted:
@@ -115,16 +115,11 @@ def measure(inputs, algorithms, time_us, tolerance: float):
             results.append({"algorithm": algorithm, "us": float("nan"), "rel_error": err,
                             "ok": False, "error": error})
             continue
-        before = time_us(torch.mm, inputs)
-        us = time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs)
-        after = time_us(torch.mm, inputs)
-        baseline_times += [before, after]
-        results.append({"algorithm": algorithm, "us": us, "torch_mm_us": (before + after) / 2,
-                        "speedup": (before + after) / 2 / us, "rel_error": err, "ok": True,
-                        "error": None})
-    baseline = (statistics.median(baseline_times) if baseline_times
-                else time_us(torch.mm, inputs))
-    return results, baseline
+        us, torch_mm_us = beside.time(
+            lambda: time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs))
+        results.append({"algorithm": algorithm, "us": us, "torch_mm_us": torch_mm_us,
+                        "speedup": torch_mm_us / us, "rel_error": err, "ok": True, "error": None})
+    return results, beside.torch_mm_time()
 
 
 def main(argv=None) -> int:

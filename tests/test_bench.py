@@ -120,6 +120,34 @@ def test_every_input_set_is_checked_and_the_worst_error_reported(tmp_path, monke
     assert baseline["ok"] and baseline["rel_error"] < 1e-6 and baseline["ms"] == 1.0
 
 
+def test_beside_torch_mm_compares_with_its_neighbours_and_gives_their_median():
+    """BesideTorchMm times torch.mm right before and after each algorithm and gives the mean of
+    those two for it; torch.mm's own time is the median of all its timings, in whatever unit
+    the timing callables use."""
+    torch_mm_times, calls = iter([1.0, 3.0, 10.0, 20.0, 30.0, 40.0]), []
+
+    def time_torch_mm():
+        calls.append("torch.mm")
+        return next(torch_mm_times)
+
+    def algorithm(value):
+        return lambda: calls.append("algorithm") or value
+
+    beside = bench.BesideTorchMm(time_torch_mm)
+    assert beside.time(algorithm(2.5)) == (2.5, 2.0)
+    assert beside.time(algorithm(7.0)) == (7.0, 15.0)
+    assert beside.time(algorithm(0.5)) == (0.5, 35.0)
+    assert calls == ["torch.mm", "algorithm", "torch.mm"] * 3
+    assert beside.torch_mm_time() == 15.0  # the median of 1, 3, 10, 20, 30 and 40
+    assert len(calls) == 9  # from the timings taken: no more of torch.mm
+
+
+def test_beside_torch_mm_times_torch_mm_once_where_nothing_else_was_timed():
+    calls = []
+    beside = bench.BesideTorchMm(lambda: calls.append("torch.mm") or 4.0)
+    assert beside.torch_mm_time() == 4.0 and calls == ["torch.mm"]
+
+
 def test_parse_size():
     assert bench.parse_size("64") == (64, 64, 64)
     assert bench.parse_size("1x4096x14336") == (1, 4096, 14336)

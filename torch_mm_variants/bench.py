@@ -167,6 +167,30 @@ def check(product, inputs, references) -> tuple[float, str | None]:
         return float("nan"), f"{type(error).__name__}: {lines[0]}"
 
 
+class BesideTorchMm:
+    """torch.mm timed right before and right after each algorithm, so that heating and clock
+    changes affect both alike: each algorithm is compared with the mean of its two neighbours,
+    and torch.mm's own time is the median of all of them. `time_torch_mm` is any no-argument
+    callable that times torch.mm once; the algorithms' callables give the same unit."""
+
+    def __init__(self, time_torch_mm):
+        self.time_torch_mm = time_torch_mm
+        self.times: list[float] = []
+
+    def time(self, time_algorithm) -> tuple[float, float]:
+        """time_algorithm()'s time and the mean of torch.mm's right before and after it."""
+        before = self.time_torch_mm()
+        ms = time_algorithm()
+        after = self.time_torch_mm()
+        self.times += [before, after]
+        return ms, (before + after) / 2
+
+    def torch_mm_time(self) -> float:
+        """The median of torch.mm's timings, or one timing of its own where no algorithm was
+        timed."""
+        return statistics.median(self.times) if self.times else self.time_torch_mm()
+
+
 def progress(message: str) -> None:
     print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
@@ -181,7 +205,7 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
     tolerance = tolerance_for(dtype, tf32)
     flop = 2.0 * m * n * k
     device_label = device_name(device)
-    baseline_times, rows = [], []
+    beside, rows = BesideTorchMm(lambda: time_ms(cycling(torch.mm, inputs), device, repeat)), []
 
     def row(name, ms, baseline_ms, err, error=None):
         return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,
@@ -203,13 +227,10 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
                 print(f"\n{name} at {m}x{n}x{k}: FAILED: {error}", file=sys.stderr)
             rows.append(row(label, float("nan"), float("nan"), err, error))
             continue
-        baseline_before = time_ms(cycling(torch.mm, inputs), device, repeat)
-        ms = time_ms(cycling(lambda a, b: mmv.matmul(a, b, name), inputs), device, repeat)
-        baseline_after = time_ms(cycling(torch.mm, inputs), device, repeat)
-        baseline_times += [baseline_before, baseline_after]
-        rows.append(row(label, ms, (baseline_before + baseline_after) / 2, err))
-    baseline_ms = statistics.median(baseline_times) if baseline_times else \
-        time_ms(cycling(torch.mm, inputs), device, repeat)
+        ms, baseline_ms = beside.time(
+            lambda: time_ms(cycling(lambda a, b: mmv.matmul(a, b, name), inputs), device, repeat))
+        rows.append(row(label, ms, baseline_ms, err))
+    baseline_ms = beside.torch_mm_time()
     rows.append(row(BASELINE, baseline_ms, baseline_ms, check(torch.mm, inputs, references)[0]))
     progress("")
     return rows

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import statistics
 import sys
 
 import torch
@@ -70,7 +69,7 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
             return float("nan")
         return bench.time_ms(bench.cycling(torch.mm, inputs), device, repeat)
 
-    baseline_times = []
+    beside = bench.BesideTorchMm(time_baseline)
     for name in names:
         if name in time_cap["skipped"]:
             continue
@@ -85,15 +84,12 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
         if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
             rows.append(row(label, float("nan"), err, float("nan"), error))
             continue
-        # torch.mm right beside it, so that heating and clock changes affect both alike
-        before = time_baseline()
-        ms = bench.time_ms(bench.cycling(run, inputs), device, repeat)
-        after = time_baseline()
-        baseline_times += [before, after]
-        rows.append(row(label, ms, err, (before + after) / 2))
+        ms, torch_mm_ms = beside.time(
+            lambda: bench.time_ms(bench.cycling(run, inputs), device, repeat))
+        rows.append(row(label, ms, err, torch_mm_ms))
         if ms > 1e3 * time_cap["seconds"]:
             time_cap["skipped"].add(name)
-    baseline_ms = statistics.median(baseline_times) if baseline_times else time_baseline()
+    baseline_ms = beside.torch_mm_time()
     rows.append(row(bench.BASELINE, baseline_ms, baseline_err, baseline_ms))
     return rows
 
