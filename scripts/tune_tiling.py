@@ -5,19 +5,23 @@ Builds the rung once per candidate configuration, each a small extension of its 
 source, the registry, the epilogue's host side, and a binding that runs the rung from that
 registry) with the rung's tiling macro predefined through a pre-included header, builds them in
 parallel, then checks each against a float64 reference and times it with triton.testing.do_bench
-(median) at SIZE^3, row-major A and B, beside torch.mm in the same process. The fastest
-configuration is the rung's default.
+(median) at SIZE^3, row-major A and B, with torch.mm timed right before and after it in the same
+process (heating and clock changes then affect both alike): each candidate is compared with the
+mean of the two. The fastest configuration is the rung's default. --output writes the rows as
+JSON. Needs the package itself built in place (for its benchmark's helpers).
 
     python3 scripts/tune_tiling.py --rung warp_tiling                 # float32, TF32 off
     python3 scripts/tune_tiling.py --rung tensor_core --dtype bfloat16 --sizes 4096,8192
     python3 scripts/tune_tiling.py --rung tensor_core --dtype float32  # TF32 on
     python3 scripts/tune_tiling.py ... --build-only                     # no GPU work
     python3 scripts/tune_tiling.py --rung tensor_core --candidates "128,256,128,64,64,3,1;..."
+    python3 scripts/tune_tiling.py --rung warp_tiling --output warp_tiling.json
 """
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
@@ -27,6 +31,8 @@ import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CSRC = os.path.join(ROOT, "torch_mm_variants", "csrc")
+sys.path.insert(0, ROOT)
+from torch_mm_variants import bench  # noqa: E402  (the checkout's package, built in place)
 
 
 @dataclass(frozen=True)
@@ -119,7 +125,8 @@ def build_only(rung_name: str, config, root: str) -> str:
     return tag(config)
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The options, with --candidates as a tuple of configurations (the rung's by default)."""
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rung", choices=sorted(RUNGS), required=True)
@@ -134,51 +141,96 @@ def parse_args() -> argparse.Namespace:
                              "instead of the rung's list")
     parser.add_argument("--build-dir", default=os.path.join(tempfile.gettempdir(),
                                                             "mm_variants_tune_tiling"))
-    return parser.parse_args()
+    parser.add_argument("--output", default=None, help="also write the rows as JSON to this file")
+    args = parser.parse_args(argv)
+    if args.output is not None:
+        bench.check_writable(parser, "--output", args.output)
+    args.candidates = parse_candidates(parser, args.rung, args.candidates)
+    return args
+
+
+def parse_candidates(parser, rung_name: str, text: str | None) -> tuple:
+    """--candidates's configurations, each as many integers as the rung's macro has fields (a
+    usage error otherwise, rather than a compile error after the builds have started)."""
+    rung = RUNGS[rung_name]
+    if not text:
+        return rung.candidates
+    fields = rung.fields.split(", ")
+    try:
+        candidates = tuple(tuple(int(x) for x in c.split(",")) for c in text.split(";"))
+    except ValueError:
+        parser.error(f"--candidates {text!r}: not ';'-separated lists of comma-separated integers")
+    for config in candidates:
+        if len(config) != len(fields):
+            parser.error(f"--candidates: {','.join(map(str, config))} has {len(config)} fields; "
+                         f"{rung_name}'s are {rung.fields}")
+    return candidates
+
+
+def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tuple[list, float]:
+    """A row per candidate, and torch.mm's median time. Each candidate (`run_of(config)`, its
+    product) is checked against a float64 a @ b, then timed (`time_ms(fn)`: one timing of
+    fn(a, b)) with torch.mm right before and after it, and compared with the mean of the two.
+    A candidate beyond the tolerance is not timed."""
+    rung = RUNGS[rung_name]
+    n, dtype = a.shape[0], a.dtype
+    ref = a.double() @ b.double()
+    tolerance = 1e-5 if dtype == torch.float32 and not tf32 else 1e-2
+    device_label = bench.device_name(a.device)  # in every row: the data names its GPU
+    beside, rows = bench.BesideTorchMm(lambda: time_ms(torch.mm)), []
+    for config in candidates:
+        run = run_of(config)
+        err = bench.relative_error(run(a, b), ref)
+        ms = mm_ms = float("nan")
+        ok = err < tolerance
+        if ok:
+            ms, mm_ms = beside.time(lambda: time_ms(run))
+        bm, bn, _, wm, wn, *_ = config
+        rows.append({"device_name": device_label, "rung": rung_name,
+                     "dtype": str(dtype).removeprefix("torch."), "tf32": tf32, "size": n,
+                     "config": dict(zip(rung.fields.split(", "), config)),
+                     "threads": bm // wm * (bn // wn) * 32, "ms": ms,
+                     "tflops": 2.0 * n ** 3 / ms / 1e9 if ms > 0 else 0.0, "torch_mm_ms": mm_ms,
+                     "pct_of_torch_mm": 100 * mm_ms / ms if ms > 0 else 0.0, "rel_error": err,
+                     "ok": ok})
+        print(f"timed {tag(config)}: {ms:.3f} ms (torch.mm {mm_ms:.3f} ms)" if ok
+              else f"not timed {tag(config)}: rel. error {err:.1e} (above {tolerance:.0e})",
+              flush=True)
+    return rows, beside.torch_mm_time()
 
 
 def time_candidates(rung_name: str, candidates, dtype: torch.dtype, n: int,
-                    build_dir: str) -> None:
+                    build_dir: str) -> list[dict]:
+    """Measures the candidates at n^3 on the GPU, prints their table (fastest first) and
+    returns their rows."""
     from triton.testing import do_bench
 
     rung = RUNGS[rung_name]
     torch.manual_seed(0)
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
-    ref = a.double() @ b.double()
-    flop = 2.0 * n ** 3
-    tolerance = 1e-5 if dtype == torch.float32 and not rung.tf32 else 1e-2
+    tf32 = dtype == torch.float32 and rung.tf32
 
-    def bench(fn) -> float:
-        return do_bench(lambda: fn(a, b), warmup=100, rep=500, return_mode="median")
+    def time_ms(fn) -> float:
+        return float(do_bench(lambda: fn(a, b), warmup=100, rep=500, return_mode="median"))
 
-    rows = []
-    for config in candidates:
-        module = build(rung_name, config, build_dir)
-        err = ((module.run(a, b).double() - ref).norm() / ref.norm()).item()
-        mm_ms = bench(torch.mm)  # beside each candidate: heating affects both alike
-        ms = bench(module.run) if err < tolerance else float("nan")
-        rows.append((config, ms, mm_ms, err))
-        print(f"timed {tag(config)}: {ms:.3f} ms (torch.mm {mm_ms:.3f} ms)", flush=True)
-
-    tf32 = " (TF32)" if dtype == torch.float32 and rung.tf32 else ""
-    print(f"\n{rung_name} candidates at {n}^3 {str(dtype)[6:]}{tf32} on "
-          f"{torch.cuda.get_device_name()}, torch.mm timed beside each\n")
+    rows, mm_ms = measure(rung_name, candidates, a, b,
+                          lambda config: build(rung_name, config, build_dir).run, time_ms, tf32)
+    print(f"\n{rung_name} candidates at {n}^3 {str(dtype)[6:]}{' (TF32)' if tf32 else ''} on "
+          f"{torch.cuda.get_device_name()}, torch.mm timed right before and after each "
+          f"(median {mm_ms:.3f} ms)\n")
     print(f"| {rung.fields} | threads | ms | TFLOP/s | % of torch.mm | rel. error |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
-    for config, ms, mm_ms, err in sorted(rows, key=lambda r: (r[1] != r[1], r[1])):
-        bm, bn, _, wm, wn, *_ = config
-        threads = bm // wm * (bn // wn) * 32
-        print(f"| {', '.join(map(str, config))} | {threads} | {ms:.3f} | {flop / ms / 1e9:.1f} "
-              f"| {100 * mm_ms / ms:.1f}% | {err:.1e} |")
+    for r in sorted(rows, key=lambda r: (r["ms"] != r["ms"], r["ms"])):
+        print(f"| {', '.join(map(str, r['config'].values()))} | {r['threads']} | {r['ms']:.3f} "
+              f"| {r['tflops']:.1f} | {r['pct_of_torch_mm']:.1f}% | {r['rel_error']:.1e} |")
+    return rows
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv=None) -> int:
+    args = parse_args(argv)
     rung = RUNGS[args.rung]
-    candidates = rung.candidates
-    if args.candidates:
-        candidates = tuple(tuple(int(x) for x in c.split(",")) for c in args.candidates.split(";"))
+    candidates = args.candidates
     major, minor = torch.cuda.get_device_capability()
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}" + ("a" if major == 9 else ""))
     os.environ.setdefault("MAX_JOBS", "2")
@@ -188,12 +240,17 @@ def main() -> None:
                              [args.build_dir] * count):
             print(f"built {done}", flush=True)
     if args.build_only:
-        return
+        return 0
     dtype = getattr(torch, args.dtype or ("bfloat16" if rung.tf32 else "float32"))
     torch.backends.cuda.matmul.allow_tf32 = rung.tf32
+    rows = []
     for n in map(int, args.sizes.split(",")):
-        time_candidates(args.rung, candidates, dtype, n, args.build_dir)
+        rows += time_candidates(args.rung, candidates, dtype, n, args.build_dir)
+    if args.output:
+        bench.write_json(rows, args.output)
+        print(f"\nwrote {len(rows)} rows to {args.output}")
+    return 0 if all(r["ok"] for r in rows) else 1
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

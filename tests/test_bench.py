@@ -7,6 +7,7 @@ import json
 import math
 import pathlib
 import subprocess
+import sys
 
 import pytest
 import torch
@@ -239,12 +240,19 @@ def test_input_rotation_outgrows_an_h100_l2(mnk, dtype, monkeypatch):
     assert bench.input_sets_needed(1, 1, 1, dtype, torch.device("cuda")) == 1024  # bounded
 
 
-def load_bench_skinny():
-    path = pathlib.Path(__file__).resolve().parent.parent / "scripts" / "bench_skinny.py"
-    spec = importlib.util.spec_from_file_location("bench_skinny", path)
+SCRIPTS = pathlib.Path(__file__).resolve().parent.parent / "scripts"
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # where a dataclass looks up its module's annotations
     spec.loader.exec_module(module)
     return module
+
+
+def load_bench_skinny():
+    return load_script("bench_skinny")
 
 
 def test_bench_skinny_times_torch_mm_beside_each_algorithm_and_skips_refusals(monkeypatch):
@@ -291,3 +299,63 @@ def test_bench_skinny_reports_a_raising_kernel_and_goes_on(monkeypatch):
     assert results[0]["ok"] is False and math.isnan(results[0]["us"])
     assert (results[1]["ok"], results[1]["error"]) == (True, None)
     assert len(timed) == 3 and baseline == 1.0  # parallel, between two of torch.mm
+
+
+def test_tune_tiling_help_runs_without_a_gpu():
+    result = subprocess.run(["python3", str(SCRIPTS / "tune_tiling.py"), "--help"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "--output" in result.stdout and "--candidates" in result.stdout
+
+
+def test_tune_tiling_parses_candidates_against_the_rungs_fields():
+    tune = load_script("tune_tiling")
+    assert tune.parse_args(["--rung", "warp_tiling"]).candidates == \
+        tune.RUNGS["warp_tiling"].candidates
+    args = tune.parse_args(["--rung", "tensor_core", "--candidates",
+                            "128,256,128,64,64,3,1;128,128,128,64,64,2,2"])
+    assert args.candidates == ((128, 256, 128, 64, 64, 3, 1), (128, 128, 128, 64, 64, 2, 2))
+
+
+@pytest.mark.parametrize("option", [["--candidates", "128,256,128,64,64,3"],
+                                    ["--candidates", "128,256;x"],
+                                    ["--output", "{missing}/rows.json"]])
+def test_tune_tiling_bad_candidates_or_output_get_a_usage_error(option, tmp_path, capsys):
+    """A configuration with the wrong number of fields or not made of integers, or an output in
+    a directory that does not exist, is refused by argparse before anything is built."""
+    tune = load_script("tune_tiling")
+    option = [arg.format(missing=tmp_path / "missing") for arg in option]
+    with pytest.raises(SystemExit) as exit_info:
+        tune.parse_args(["--rung", "tensor_core", *option])
+    assert exit_info.value.code == 2
+    assert option[0] in capsys.readouterr().err
+
+
+def test_tune_tiling_times_torch_mm_beside_each_candidate():
+    """scripts/tune_tiling.py's measurement (run here on CPU tensors, candidates standing in for
+    the built extensions, and a clock that rises at every timing): each candidate is checked,
+    then timed between two timings of torch.mm and compared with their mean; a wrong one is not
+    timed; the rows carry the device's name and the configuration by field."""
+    tune = load_script("tune_tiling")
+    wrong = (128, 128, 8, 64, 32, 8, 8, 2)
+    candidates = ((64, 128, 8, 32, 64, 8, 8, 4), wrong, (128, 64, 8, 64, 32, 8, 8, 4))
+    timed = []
+
+    def run_of(config):
+        return lambda a, b: (2 if config == wrong else 1) * torch.mm(a, b)
+
+    def time_ms(fn):
+        timed.append("torch.mm" if fn is torch.mm else "candidate")
+        return float(len(timed))
+
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    rows, mm_ms = tune.measure("warp_tiling", candidates, a, b, run_of, time_ms, tf32=False)
+    assert timed == ["torch.mm", "candidate", "torch.mm"] * 2
+    assert [(r["ms"], r["torch_mm_ms"], r["ok"]) for r in rows[::2]] == [(2, 2, True),
+                                                                         (5, 5, True)]
+    assert not rows[1]["ok"] and math.isnan(rows[1]["ms"]) and rows[1]["rel_error"] > 0.5
+    assert mm_ms == 3.5  # the median of 1, 3, 4 and 6
+    assert rows[0]["config"] == {"BM": 64, "BN": 128, "BK": 8, "WM": 32, "WN": 64, "TM": 8,
+                                 "TN": 8, "MIN_BLOCKS": 4}
+    assert rows[0]["threads"] == 2 * 2 * 32 and rows[0]["size"] == 16
+    assert {r["device_name"] for r in rows} == {bench.device_name(torch.device("cpu"))}
