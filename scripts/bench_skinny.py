@@ -9,7 +9,9 @@ right before and after it; its speed-up is over the mean of the two, and the tor
 gives the median of all of them. An algorithm that does not take a shape (a skinny rung past
 M = 64, a dtype it lacks) shows "-"; one whose check fails shows WRONG, and one that raises shows
 ERROR with the message: neither is timed, both are written with ok=false, and the exit status
-is 1. torch.mm and ours rotate over enough weight copies that L2 cannot hold them, so every
+is 1. One whose timing raises shows ERROR too. Where an error leaves the CUDA context dead (an
+illegal memory access), the run stops there, writes the rows measured so far and exits with
+status 1. torch.mm and ours rotate over enough weight copies that L2 cannot hold them, so every
 call streams its weight from memory, as in decode. GB/s counts the weight bytes only. Two ways
 of timing (--timing):
 - flush (default): triton.testing.do_bench, median of single calls, each after do_bench has
@@ -99,7 +101,10 @@ def measure(inputs, algorithms, time_us, tolerance: float):
     An algorithm that does not take these inputs (dtype, or M past a skinny rung's) is skipped
     with its reason; one whose product fails the check against float64, or raises, is not
     timed. torch.mm is timed right before and after each algorithm, which is compared with the
-    mean of the two, so that heating and clock changes affect both alike."""
+    mean of the two, so that heating and clock changes affect both alike. A timing that raises
+    fails its algorithm's result; where torch.mm's own timing raises (no algorithm was timed), a
+    failed result for torch.mm says so. bench.ContextLost, with the results so far, where an
+    error left the CUDA context dead."""
     x, w = inputs[0]
     # Every copy's product is checked, not the first only: the timed calls run on all of them.
     products = [(x_, w_.t()) for x_, w_ in inputs]
@@ -110,16 +115,61 @@ def measure(inputs, algorithms, time_us, tolerance: float):
         if not accepted:
             results.append({"algorithm": algorithm, "skipped": why})
             continue
-        err, error = bench.check(lambda a, b: mmv.matmul(a, b, algorithm), products, references)
-        if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
-            results.append({"algorithm": algorithm, "us": float("nan"), "rel_error": err,
-                            "ok": False, "error": error})
-            continue
-        us, torch_mm_us = beside.time(
-            lambda: time_us(lambda a, b: mmv.matmul(a, b, algorithm), inputs))
+        product = lambda a, b: mmv.matmul(a, b, algorithm)  # noqa: E731
+        err, error = bench.check(product, products, references)
+        us = torch_mm_us = float("nan")
+        if err <= tolerance:  # a wrong or raising kernel is reported, never timed
+            us, torch_mm_us, error = beside.time(lambda: time_us(product, inputs))
         results.append({"algorithm": algorithm, "us": us, "torch_mm_us": torch_mm_us,
-                        "speedup": torch_mm_us / us, "rel_error": err, "ok": True, "error": None})
-    return results, beside.torch_mm_time()
+                        "speedup": torch_mm_us / us, "rel_error": err,
+                        "ok": err <= tolerance and error is None, "error": error})
+        bench.stop_if_context_lost(error, results)
+    baseline, error = beside.torch_mm_time()
+    if error is not None:
+        results.append({"algorithm": bench.BASELINE, "us": baseline, "ok": False, "error": error})
+        bench.stop_if_context_lost(error, results)
+    return results, baseline
+
+
+def cell(result: dict) -> str:
+    """A result's cell in the table."""
+    if "skipped" in result:
+        return "-"
+    if not result["ok"]:
+        return (f"ERROR ({result['error']})" if result["error"]
+                else f"WRONG ({result['rel_error']:.1e})")
+    return f"{result['us']:.1f} ({result['speedup']:.2f}x)"
+
+
+def report(case: dict, weight_bytes: int, results: list, baseline: float, rows: list) -> bool:
+    """Prints the table line of one (dtype, M, N, K), `case`, and adds its rows to `rows`;
+    whether every algorithm there (and torch.mm's own timing) succeeded."""
+    measured = [r for r in results if "skipped" not in r]
+    rows += [{**case, **r, "gbs": weight_bytes / r["us"] / 1e3} for r in measured]
+    failed_mm = [r for r in results if r["algorithm"] == bench.BASELINE]
+    times = [r["us"] for r in measured if r["ok"]]
+    best = weight_bytes / min(times) / 1e3 if times else float("nan")
+    print(f"| {case['dtype']} | {case['m']} | {case['n']} | {case['k']} "
+          f"| {cell(failed_mm[0]) if failed_mm else f'{baseline:.1f}'} "
+          f"| {weight_bytes / baseline / 1e3:.0f} | "
+          + " | ".join(cell(r) for r in results if r["algorithm"] != bench.BASELINE)
+          + f" | {best:.0f} |", flush=True)
+    return all(r["ok"] for r in measured)
+
+
+def cases(dtypes: list[str], shapes: list[tuple[int, int]], ms: list[int]):
+    """(dtype name, M, N, K, weight bytes, inputs) for each point: x [M, K] with each of the
+    weight copies [N, K], as many as L2 cannot hold."""
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        for n, k in shapes:
+            weight_bytes = n * k * dtype.itemsize
+            weights = [torch.randn(n, k, device="cuda").to(dtype)
+                       for _ in range(copies_needed(weight_bytes))]
+            for m in ms:
+                yield dtype_name, m, n, k, weight_bytes, [
+                    (torch.randn(m, k, device="cuda").to(dtype), w) for w in weights]
+            del weights  # before the next shape's copies are made
 
 
 def main(argv=None) -> int:
@@ -139,38 +189,23 @@ def main(argv=None) -> int:
     print("| dtype | M | N | K | torch.mm us | torch.mm GB/s | "
           + " | ".join(algorithms) + " | best GB/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | " + "---: | " * len(algorithms) + "---: |")
-    rows, ok = [], True
-    for dtype_name in args.dtypes.split(","):
-        dtype = DTYPES[dtype_name]
-        for n, k in shapes:
-            weight_bytes = n * k * dtype.itemsize
-            weights = [torch.randn(n, k, device="cuda").to(dtype)
-                       for _ in range(copies_needed(weight_bytes))]
-            for m in ms:
-                inputs = [(torch.randn(m, k, device="cuda").to(dtype), w) for w in weights]
-                results, baseline = measure(inputs, algorithms, time_us, bench.TOLERANCE[dtype])
-                cells, times = [], []
-                for r in results:
-                    if "skipped" in r:
-                        cells.append("-")
-                        continue
-                    rows.append({"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
-                                 "timing": args.timing, **r, "gbs": weight_bytes / r["us"] / 1e3})
-                    if not r["ok"]:
-                        cells.append(f"ERROR ({r['error']})" if r["error"]
-                                     else f"WRONG ({r['rel_error']:.1e})")
-                        ok = False
-                        continue
-                    times.append(r["us"])
-                    cells.append(f"{r['us']:.1f} ({r['speedup']:.2f}x)")
-                best = weight_bytes / min(times) / 1e3 if times else float("nan")
-                print(f"| {dtype_name} | {m} | {n} | {k} | {baseline:.1f} "
-                      f"| {weight_bytes / baseline / 1e3:.0f} | " + " | ".join(cells)
-                      + f" | {best:.0f} |", flush=True)
-            del weights, inputs
+    rows, ok, lost = [], True, None
+    for dtype_name, m, n, k, weight_bytes, inputs in cases(args.dtypes.split(","), shapes, ms):
+        try:
+            results, baseline = measure(inputs, algorithms, time_us,
+                                        bench.TOLERANCE[DTYPES[dtype_name]])
+        except bench.ContextLost as error:  # written with the rest, and the run stops
+            lost, results, baseline = error, error.rows, float("nan")
+        case = {"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
+                "timing": args.timing}
+        ok = report(case, weight_bytes, results, baseline, rows) and ok
+        if lost:
+            break
     if args.output:
         bench.write_json(rows, args.output)
-    return 0 if ok else 1
+    if lost:
+        print(f"bench_skinny: {lost}", file=sys.stderr)
+    return 0 if ok and not lost else 1
 
 
 if __name__ == "__main__":

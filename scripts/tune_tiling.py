@@ -8,7 +8,10 @@ parallel, then checks each against a float64 reference and times it with triton.
 (median) at SIZE^3, row-major A and B, with torch.mm timed right before and after it in the same
 process (heating and clock changes then affect both alike): each candidate is compared with the
 mean of the two. The fastest configuration is the rung's default. --output writes the rows as
-JSON. Needs the package itself built in place (for its benchmark's helpers).
+JSON. A candidate that fails its check, or raises there or while timed, gets a failed row and
+the sweep goes on (exit status 1); where the error left the CUDA context dead, it stops there
+and writes the rows measured so far. Needs the package itself built in place (for its
+benchmark's helpers).
 
     python3 scripts/tune_tiling.py --rung warp_tiling                 # float32, TF32 off
     python3 scripts/tune_tiling.py --rung tensor_core --dtype bfloat16 --sizes 4096,8192
@@ -171,7 +174,9 @@ def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tu
     """A row per candidate, and torch.mm's median time. Each candidate (`run_of(config)`, its
     product) is checked against a float64 a @ b, then timed (`time_ms(fn)`: one timing of
     fn(a, b)) with torch.mm right before and after it, and compared with the mean of the two.
-    A candidate beyond the tolerance is not timed."""
+    A candidate beyond the tolerance, or that raises, is not timed; one whose timing raises
+    fails too. bench.ContextLost, with the rows so far, where an error left the CUDA context
+    dead."""
     rung = RUNGS[rung_name]
     n, dtype = a.shape[0], a.dtype
     ref = a.double() @ b.double()
@@ -180,11 +185,11 @@ def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tu
     beside, rows = bench.BesideTorchMm(lambda: time_ms(torch.mm)), []
     for config in candidates:
         run = run_of(config)
-        err = bench.relative_error(run(a, b), ref)
+        err, error = bench.check(run, [(a, b)], [ref])
         ms = mm_ms = float("nan")
-        ok = err < tolerance
-        if ok:
-            ms, mm_ms = beside.time(lambda: time_ms(run))
+        if err < tolerance:
+            ms, mm_ms, error = beside.time(lambda: time_ms(run))
+        ok = err < tolerance and error is None
         bm, bn, _, wm, wn, *_ = config
         rows.append({"device_name": device_label, "rung": rung_name,
                      "dtype": str(dtype).removeprefix("torch."), "tf32": tf32, "size": n,
@@ -192,11 +197,17 @@ def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tu
                      "threads": bm // wm * (bn // wn) * 32, "ms": ms,
                      "tflops": 2.0 * n ** 3 / ms / 1e9 if ms > 0 else 0.0, "torch_mm_ms": mm_ms,
                      "pct_of_torch_mm": 100 * mm_ms / ms if ms > 0 else 0.0, "rel_error": err,
-                     "ok": ok})
+                     "ok": ok, "error": error})
         print(f"timed {tag(config)}: {ms:.3f} ms (torch.mm {mm_ms:.3f} ms)" if ok
+              else f"FAILED {tag(config)}: {error}" if error
               else f"not timed {tag(config)}: rel. error {err:.1e} (above {tolerance:.0e})",
               flush=True)
-    return rows, beside.torch_mm_time()
+        bench.stop_if_context_lost(error, rows)
+    mm_ms, error = beside.torch_mm_time()
+    if error is not None:
+        print(f"torch.mm not timed: {error}", flush=True)
+        bench.stop_if_context_lost(error, rows)
+    return rows, mm_ms
 
 
 def time_candidates(rung_name: str, candidates, dtype: torch.dtype, n: int,
@@ -243,13 +254,18 @@ def main(argv=None) -> int:
         return 0
     dtype = getattr(torch, args.dtype or ("bfloat16" if rung.tf32 else "float32"))
     torch.backends.cuda.matmul.allow_tf32 = rung.tf32
-    rows = []
-    for n in map(int, args.sizes.split(",")):
-        rows += time_candidates(args.rung, candidates, dtype, n, args.build_dir)
+    rows, lost = [], None
+    try:
+        for n in map(int, args.sizes.split(",")):
+            rows += time_candidates(args.rung, candidates, dtype, n, args.build_dir)
+    except bench.ContextLost as error:  # written with the rest, and the run stops
+        rows, lost = rows + error.rows, error
     if args.output:
         bench.write_json(rows, args.output)
         print(f"\nwrote {len(rows)} rows to {args.output}")
-    return 0 if all(r["ok"] for r in rows) else 1
+    if lost:
+        print(f"tune_tiling: {lost}", file=sys.stderr)
+    return 0 if all(r["ok"] for r in rows) and not lost else 1
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
+from torch_mm_variants import bench
 
 DTYPE_BY_C10_NAME = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16,
                      "Double": torch.float64}
@@ -228,3 +229,45 @@ def poison_outputs():
     mmv._C.set_poison_outputs(True)
     yield
     mmv._C.set_poison_outputs(False)
+
+
+@pytest.fixture
+def dying_cuda_context(monkeypatch):
+    """A fake CUDA context for a CPU run, killed by appending to the list returned (as a kernel's
+    illegal memory access does): from then on torch.cuda.is_initialized() is True (before, False,
+    as on a machine without a GPU) and torch.cuda.synchronize() raises."""
+    dead = []
+
+    def synchronize(device=None):
+        if dead:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: bool(dead))
+    monkeypatch.setattr(torch.cuda, "synchronize", synchronize)
+    return dead
+
+
+def failing_while_timed(monkeypatch, name, message, dead=None) -> list:
+    """Makes mmv.matmul raise `message` for algorithm `name` while the list returned is not
+    empty, as a kernel that passes its check and fails when timed; bench.time_ms fills the list
+    while it runs, and a test's own timer can too. Given dying_cuda_context's list as `dead`, the
+    error kills the fake CUDA context."""
+    timing, product, time_ms = [], mmv.matmul, bench.time_ms
+
+    def matmul(a, b, algorithm="auto"):
+        if algorithm == name and timing:
+            if dead is not None:
+                dead.append(name)
+            raise RuntimeError(f"{message}\nException raised from launch()")
+        return product(a, b, algorithm)
+
+    def timed(step, device, repeat):
+        timing.append(step)
+        try:
+            return time_ms(step, device, repeat)
+        finally:
+            timing.pop()
+
+    monkeypatch.setattr(mmv, "matmul", matmul)
+    monkeypatch.setattr(bench, "time_ms", timed)
+    return timing

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
+from conftest import failing_while_timed
 from torch_mm_variants import bench
 
 
@@ -135,18 +136,84 @@ def test_beside_torch_mm_compares_with_its_neighbours_and_gives_their_median():
         return lambda: calls.append("algorithm") or value
 
     beside = bench.BesideTorchMm(time_torch_mm)
-    assert beside.time(algorithm(2.5)) == (2.5, 2.0)
-    assert beside.time(algorithm(7.0)) == (7.0, 15.0)
-    assert beside.time(algorithm(0.5)) == (0.5, 35.0)
+    assert beside.time(algorithm(2.5)) == (2.5, 2.0, None)
+    assert beside.time(algorithm(7.0)) == (7.0, 15.0, None)
+    assert beside.time(algorithm(0.5)) == (0.5, 35.0, None)
     assert calls == ["torch.mm", "algorithm", "torch.mm"] * 3
-    assert beside.torch_mm_time() == 15.0  # the median of 1, 3, 10, 20, 30 and 40
+    assert beside.torch_mm_time() == (15.0, None)  # the median of 1, 3, 10, 20, 30 and 40
     assert len(calls) == 9  # from the timings taken: no more of torch.mm
 
 
 def test_beside_torch_mm_times_torch_mm_once_where_nothing_else_was_timed():
     calls = []
     beside = bench.BesideTorchMm(lambda: calls.append("torch.mm") or 4.0)
-    assert beside.torch_mm_time() == 4.0 and calls == ["torch.mm"]
+    assert beside.torch_mm_time() == (4.0, None) and calls == ["torch.mm"]
+
+
+def test_beside_torch_mm_gives_a_timing_that_raised_as_its_error():
+    """A timing that raises (a CUDA error, do_bench failing) gives NaN times and the error's
+    first line, naming torch.mm where its timing beside the algorithm raised, and adds nothing
+    to torch.mm's median."""
+    def raising(message):
+        def fn():
+            raise RuntimeError(f"{message}\nException raised from launch()")
+        return fn
+
+    beside = bench.BesideTorchMm(lambda: 1.0)
+    ms, torch_mm_ms, error = beside.time(raising("CUDA error: unspecified launch failure"))
+    assert math.isnan(ms) and math.isnan(torch_mm_ms)
+    assert error == "RuntimeError: CUDA error: unspecified launch failure"
+    assert beside.time(lambda: 2.0) == (2.0, 1.0, None)
+    assert beside.torch_mm_time() == (1.0, None)
+    broken = bench.BesideTorchMm(raising("do_bench: no events"))
+    assert broken.time(lambda: 2.0)[2] == "torch.mm beside it: RuntimeError: do_bench: no events"
+    ms, error = broken.torch_mm_time()  # nothing timed, and its own timing raises
+    assert math.isnan(ms) and error == "RuntimeError: do_bench: no events"
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["context alive", "context dead"])
+def test_a_kernel_raising_while_timed_fails_its_row(dies, tmp_path, monkeypatch, capsys,
+                                                     dying_cuda_context):
+    """A kernel that passes its check and raises while timed gets a failed row with the error's
+    first line, and the run goes on to the other rows and sizes; but where the error left the
+    CUDA context dead, the run stops there: the rows so far, the failed one last, are written,
+    and the exit status is 1 with a message that says why."""
+    message = "CUDA error: an illegal memory access was encountered"
+    failing_while_timed(monkeypatch, "naive", message, dying_cuda_context if dies else None)
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--sizes", "16,8x24x40", "--algorithms",
+                       "parallel,naive,tiled", "--repeat", "3", "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    measured = [(16, "parallel", True), (16, "naive", False)]
+    if not dies:
+        measured += [(16, "tiled", True), (16, "torch.mm", True), (8, "parallel", True),
+                     (8, "naive", False), (8, "tiled", True), (8, "torch.mm", True)]
+    assert [(r["m"], r["algorithm"], r["ok"]) for r in rows] == measured
+    failed = rows[1]
+    assert failed["error"] == f"RuntimeError: {message}" and failed["ms"] is None
+    assert failed["rel_error"] < 1e-6  # it passed its check
+    captured = capsys.readouterr()
+    assert f"naive at 16x16x16: FAILED: RuntimeError: {message}" in captured.err
+    assert f"FAILED (RuntimeError: {message})" in captured.out  # in the table too
+    lost = f"torch_mm_variants.bench: the CUDA context is lost (RuntimeError: {message})"
+    assert (lost in captured.err) == dies
+
+
+def test_a_kernel_killing_the_context_in_its_check_stops_the_run(tmp_path, monkeypatch, capsys,
+                                                                  dying_cuda_context):
+    """A dead CUDA context stops the run where the check raised, too: every later check and
+    timing would fail the same way."""
+    raising = raising_on("naive")
+    monkeypatch.setattr(mmv, "matmul", lambda a, b, algorithm="auto": (
+        dying_cuda_context.append(algorithm) if algorithm == "naive" else None)
+        or raising(a, b, algorithm))
+    out = tmp_path / "rows.json"
+    assert bench.main(["--device", "cpu", "--sizes", "16,24", "--algorithms", "parallel,naive",
+                       "--repeat", "3", "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    assert [(r["m"], r["algorithm"], r["ok"]) for r in rows] == [(16, "parallel", True),
+                                                                 (16, "naive", False)]
+    assert "the CUDA context is lost" in capsys.readouterr().err
 
 
 def test_parse_size():
@@ -359,3 +426,102 @@ def test_tune_tiling_times_torch_mm_beside_each_candidate():
                                  "TN": 8, "MIN_BLOCKS": 4}
     assert rows[0]["threads"] == 2 * 2 * 32 and rows[0]["size"] == 16
     assert {r["device_name"] for r in rows} == {bench.device_name(torch.device("cpu"))}
+
+
+def test_bench_skinny_a_timing_that_raises_fails_its_result_and_goes_on(monkeypatch):
+    """scripts/bench_skinny.py: an algorithm that passes its check and raises while timed gives
+    a failed result with the error's first line, and the next algorithm is measured."""
+    skinny = load_bench_skinny()
+    timing = failing_while_timed(monkeypatch, "naive", "CUDA error: unspecified launch failure")
+
+    def time_us(fn, inputs):
+        x, w = inputs[0]
+        timing.append(fn)
+        try:
+            fn(x, w.t())
+        finally:
+            timing.pop()
+        return 1.0
+
+    inputs = [(torch.randn(5, 40), torch.randn(24, 40))]
+    results, baseline = skinny.measure(inputs, ["naive", "parallel"], time_us, 1e-5)
+    assert results[0]["error"] == "RuntimeError: CUDA error: unspecified launch failure"
+    assert results[0]["ok"] is False and math.isnan(results[0]["us"])
+    assert results[0]["rel_error"] < 1e-6  # it passed its check
+    assert (results[1]["ok"], results[1]["us"], results[1]["error"]) == (True, 1.0, None)
+    assert baseline == 1.0
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["context alive", "context dead"])
+def test_bench_skinny_main_writes_failed_rows_and_stops_at_a_dead_context(
+        dies, tmp_path, monkeypatch, capsys, dying_cuda_context):
+    """scripts/bench_skinny.py's main, on CPU tensors standing in for the GPU's: a kernel
+    raising while timed fails its row and the run goes on, unless the CUDA context died with
+    it: then the rows so far, the failed one last, are written and the exit status is 1."""
+    skinny = load_bench_skinny()
+    message = "CUDA error: an illegal memory access was encountered"
+    timing = failing_while_timed(monkeypatch, "naive", message,
+                                 dying_cuda_context if dies else None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(mmv, "has_cuda", lambda: True)
+
+    def cases(dtypes, shapes, ms):
+        for m in ms:
+            yield "float32", m, 24, 40, 24 * 40 * 4, [(torch.randn(m, 40), torch.randn(24, 40))
+                                                      for _ in range(2)]
+
+    def time_us(fn, inputs):
+        timing.append(fn)
+        try:
+            fn(*inputs[0])
+        finally:
+            timing.pop()
+        return 2.0
+
+    monkeypatch.setattr(skinny, "cases", cases)
+    monkeypatch.setattr(skinny, "flush_us", lambda fn, inputs: time_us(
+        lambda x, w: fn(x, w.t()), inputs))
+    out = tmp_path / "rows.json"
+    assert skinny.main(["--m", "1,5", "--dtypes", "float32", "--algorithms", "parallel,naive",
+                        "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    measured = [(1, "parallel", True), (1, "naive", False)]
+    measured += [] if dies else [(5, "parallel", True), (5, "naive", False)]
+    assert [(r["m"], r["algorithm"], r["ok"]) for r in rows] == measured
+    assert rows[1]["error"] == f"RuntimeError: {message}" and rows[1]["us"] is None
+    assert rows[0]["device_name"] == "Fake GPU" and rows[0]["us"] == 2.0
+    captured = capsys.readouterr()
+    assert f"| 2.0 (1.00x) | ERROR (RuntimeError: {message}) |" in captured.out
+    assert ("bench_skinny: the CUDA context is lost" in captured.err) == dies
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["context alive", "context dead"])
+def test_tune_tiling_a_candidate_raising_while_timed_fails_its_row(dies, dying_cuda_context):
+    """scripts/tune_tiling.py: a candidate that passes its check and raises while timed gets a
+    failed row and the next is measured; where the CUDA context died with it, ContextLost
+    carries the rows so far, the failed one last."""
+    tune = load_script("tune_tiling")
+    candidates = ((64, 128, 8, 32, 64, 8, 8, 4), (128, 64, 8, 64, 32, 8, 8, 4))
+    runs = {config: (lambda a, b: torch.mm(a, b)) for config in candidates}
+    message = "CUDA error: an illegal memory access was encountered"
+
+    def time_ms(fn):
+        if fn is runs[candidates[0]]:
+            if dies:
+                dying_cuda_context.append(fn)
+            raise RuntimeError(f"{message}\nException raised from launch()")
+        return 1.0
+
+    a, b = torch.randn(16, 16), torch.randn(16, 16)
+    if dies:
+        with pytest.raises(bench.ContextLost) as lost:
+            tune.measure("warp_tiling", candidates, a, b, runs.get, time_ms, tf32=False)
+        rows = lost.value.rows
+    else:
+        rows, mm_ms = tune.measure("warp_tiling", candidates, a, b, runs.get, time_ms,
+                                   tf32=False)
+        assert mm_ms == 1.0
+    assert [(r["ok"], r["error"]) for r in rows] == [(False, f"RuntimeError: {message}")] + [
+        (True, None)] * (not dies)
+    assert rows[0]["rel_error"] < 1e-6 and math.isnan(rows[0]["ms"])

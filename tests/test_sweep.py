@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
+from conftest import failing_while_timed
 from torch_mm_variants import bench, sweep
 
 
@@ -79,6 +80,31 @@ def test_a_raising_kernel_fails_its_points_and_the_sweep_goes_on(tmp_path, monke
     assert all(float(r["ms"]) > 0 for r in rows if r["algorithm"] != "naive")
     printed = capsys.readouterr().out
     assert f"square 24x24x24 naive: {message} FAILED, not timed" in printed
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["context alive", "context dead"])
+def test_a_kernel_raising_while_timed_fails_its_point(dies, tmp_path, monkeypatch, capsys,
+                                                      dying_cuda_context):
+    """A kernel that passes its check and raises while timed fails that point with the error's
+    first line and the sweep goes on; where the error left the CUDA context dead, the sweep
+    stops there, writes the rows so far (the failed one last) and exits with status 1."""
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("square", s, s, s, False)
+                                                         for s in (16, 24)])
+    message = "CUDA error: an illegal memory access was encountered"
+    failing_while_timed(monkeypatch, "naive", message, dying_cuda_context if dies else None)
+    out = tmp_path / "s.csv"
+    assert sweep.main(["--device", "cpu", "--dtype", "float32", "--algorithms", "parallel,naive",
+                       "--repeat", "3", "--output", str(out), "--plot", ""]) == 1
+    rows = list(csv.DictReader(open(out)))
+    measured = [("16", "parallel", "True"), ("16", "naive", "False")]
+    measured += [] if dies else [("16", "torch.mm", "True"), ("24", "parallel", "True"),
+                                 ("24", "naive", "False"), ("24", "torch.mm", "True")]
+    assert [(r["m"], r["algorithm"], r["ok"]) for r in rows] == measured
+    assert rows[1]["error"] == f"RuntimeError: {message}" and rows[1]["ms"] == "nan"
+    assert float(rows[1]["rel_error"]) < 1e-6  # it passed its check
+    captured = capsys.readouterr()
+    assert f"square 16x16x16 naive: RuntimeError: {message} FAILED" in captured.out
+    assert ("torch_mm_variants.sweep: the CUDA context is lost" in captured.err) == dies
 
 
 @pytest.mark.parametrize("option,value,valid", [

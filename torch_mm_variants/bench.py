@@ -14,6 +14,11 @@ random, and several input sets are cycled when one set would fit in the GPU's L2
 --rounds R the whole measurement runs R times over and a last table gives each algorithm's
 median and range of "% of torch.mm" across the rounds: the run-to-run spread that a single
 figure hides.
+
+A kernel whose result fails the check, or that raises during the check or while timed, gets a
+failed row (with the error's first line) and the run goes on; the exit status is then 1. Where
+the error left the CUDA context dead (an illegal memory access), the run stops there, writes the
+rows measured so far, and exits with status 1.
 """
 from __future__ import annotations
 
@@ -154,17 +159,23 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return diff / scale if scale > 0 else diff
 
 
+def attempt(fn) -> tuple[float, str | None]:
+    """fn()'s value and None; or NaN and the first line of what fn raised (its C++ frames follow
+    on the lines below), for a row that then says it failed."""
+    try:
+        return fn(), None
+    except Exception as error:  # noqa: BLE001  (any kernel error; Ctrl-C still ends the run)
+        lines = str(error).splitlines() or [""]
+        return float("nan"), f"{type(error).__name__}: {lines[0]}"
+
+
 def check(product, inputs, references) -> tuple[float, str | None]:
     """The worst relative error of product(a, b) over the input sets against their float64
     references, and None; or NaN and the first line of what the product raised. A kernel that
     raises where algorithm_accepts took the inputs is then reported as failed, not timed, and the
     run goes on with the rows measured so far."""
-    try:
-        return max(relative_error(product(a, b), reference)
-                   for (a, b), reference in zip(inputs, references)), None
-    except Exception as error:  # noqa: BLE001  (any kernel error; Ctrl-C still ends the run)
-        lines = str(error).splitlines() or [""]
-        return float("nan"), f"{type(error).__name__}: {lines[0]}"
+    return attempt(lambda: max(relative_error(product(a, b), reference)
+                               for (a, b), reference in zip(inputs, references)))
 
 
 class BesideTorchMm:
@@ -177,18 +188,60 @@ class BesideTorchMm:
         self.time_torch_mm = time_torch_mm
         self.times: list[float] = []
 
-    def time(self, time_algorithm) -> tuple[float, float]:
-        """time_algorithm()'s time and the mean of torch.mm's right before and after it."""
-        before = self.time_torch_mm()
-        ms = time_algorithm()
-        after = self.time_torch_mm()
+    def time(self, time_algorithm) -> tuple[float, float, str | None]:
+        """time_algorithm()'s time, the mean of torch.mm's right before and after it, and None;
+        or NaN, NaN and the first line of what one of the three timings raised (a CUDA error,
+        do_bench's own failure), for a failed row: the run goes on (see stop_if_context_lost)."""
+        timings = []
+        for what, fn in (("torch.mm beside it: ", self.time_torch_mm), ("", time_algorithm),
+                         ("torch.mm beside it: ", self.time_torch_mm)):
+            value, error = attempt(fn)
+            if error is not None:
+                return float("nan"), float("nan"), what + error
+            timings.append(value)
+        before, ms, after = timings
         self.times += [before, after]
-        return ms, (before + after) / 2
+        return ms, (before + after) / 2, None
 
-    def torch_mm_time(self) -> float:
+    def torch_mm_time(self) -> tuple[float, str | None]:
         """The median of torch.mm's timings, or one timing of its own where no algorithm was
-        timed."""
-        return statistics.median(self.times) if self.times else self.time_torch_mm()
+        timed; and None, or the first line of what that timing raised."""
+        if self.times:
+            return statistics.median(self.times), None
+        return attempt(self.time_torch_mm)
+
+
+class ContextLost(Exception):
+    """A failure left the CUDA context dead: the run stops. `rows` holds the rows measured at
+    the shape, the failed one last, for the caller to write with those of earlier shapes."""
+
+    def __init__(self, error: str, rows: list):
+        super().__init__(f"the CUDA context is lost ({error}): every later CUDA call would fail, "
+                         f"so the run stopped there")
+        self.rows = rows
+
+
+def cuda_context_alive() -> bool:
+    """Whether CUDA calls still work. A sticky error (an illegal memory access, a kernel's trap)
+    fails every later call of the process, a synchronize among them; an ordinary one (a
+    TORCH_CHECK, a launch refused) leaves the context usable. True where CUDA was never
+    initialized: a CPU run has no context to lose."""
+    if not torch.cuda.is_initialized():
+        return True
+    try:
+        torch.cuda.synchronize()
+    except Exception:  # noqa: BLE001  (whatever the dead context answers)
+        return False
+    return True
+
+
+def stop_if_context_lost(error: str | None, rows: list) -> None:
+    """After a row that failed with `error` (None: it did not raise) has been added to `rows`:
+    ContextLost with them when the failure killed the CUDA context. Going on would fail every
+    later row the same way, and end the run at the next CUDA call outside a check or a timing
+    with a traceback and no rows written."""
+    if error is not None and not cuda_context_alive():
+        raise ContextLost(error, rows)
 
 
 def progress(message: str) -> None:
@@ -210,8 +263,8 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
     def row(name, ms, baseline_ms, err, error=None):
         return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,
                    ms, flop / ms / 1e6 if ms > 0 else 0.0,
-                   100.0 * baseline_ms / ms if ms > 0 else 0.0, err, err <= tolerance,
-                   error=error)
+                   100.0 * baseline_ms / ms if ms > 0 else 0.0, err,
+                   err <= tolerance and error is None, error=error)
 
     for index, name in enumerate(algorithms):
         progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")
@@ -221,17 +274,20 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
                 print(f"\n{name} at {m}x{n}x{k}: not run: {why}", file=sys.stderr)
                 continue
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
-        err, error = check(lambda a, b: mmv.matmul(a, b, name), inputs, references)
-        if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
-            if error:
-                print(f"\n{name} at {m}x{n}x{k}: FAILED: {error}", file=sys.stderr)
-            rows.append(row(label, float("nan"), float("nan"), err, error))
-            continue
-        ms, baseline_ms = beside.time(
-            lambda: time_ms(cycling(lambda a, b: mmv.matmul(a, b, name), inputs), device, repeat))
-        rows.append(row(label, ms, baseline_ms, err))
-    baseline_ms = beside.torch_mm_time()
-    rows.append(row(BASELINE, baseline_ms, baseline_ms, check(torch.mm, inputs, references)[0]))
+        product = lambda a, b: mmv.matmul(a, b, name)  # noqa: E731
+        err, error = check(product, inputs, references)
+        ms = baseline_ms = float("nan")
+        if err <= tolerance:  # a wrong or raising kernel is reported, never timed
+            ms, baseline_ms, error = beside.time(
+                lambda: time_ms(cycling(product, inputs), device, repeat))
+        if error:
+            print(f"\n{name} at {m}x{n}x{k}: FAILED: {error}", file=sys.stderr)
+        rows.append(row(label, ms, baseline_ms, err, error))
+        stop_if_context_lost(error, rows)
+    baseline_ms, error = beside.torch_mm_time()
+    err, check_error = check(torch.mm, inputs, references)
+    rows.append(row(BASELINE, baseline_ms, baseline_ms, err, error or check_error))
+    stop_if_context_lost(error or check_error, rows)
     progress("")
     return rows
 
@@ -378,27 +434,39 @@ def main(argv=None) -> int:
         sys.exit(f"torch_mm_variants.bench: {error}")
     torch.manual_seed(0)
 
-    all_rows = []
+    all_rows, lost = [], None
     print(f"# torch_mm_variants benchmark on {device_name(device)}, torch {torch.__version__}, "
           f"{args.dtype}{' (TF32 allowed)' if args.tf32 else ''}")
-    for round_ in range(1, args.rounds + 1):
-        for m, n, k in sizes:
-            rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32,
-                              args.weight_layout)
-            for r in rows:
-                r.round = round_
-            b_form = f"b = w.t(), w [{n}, {k}]" if args.weight_layout else f"b [{k}, {n}]"
-            of_rounds = f", round {round_} of {args.rounds}" if args.rounds > 1 else ""
-            print(f"\n## {m}x{n}x{k} (M x N x K, {b_form}{of_rounds})\n")
-            print(format_table(rows), flush=True)
-            all_rows += rows
+    try:
+        for round_ in range(1, args.rounds + 1):
+            for m, n, k in sizes:
+                rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32,
+                                  args.weight_layout)
+                all_rows += report(rows, (m, n, k), round_, args)
+    except ContextLost as error:  # its shape's rows so far, then what the run has, are written
+        lost = error
+        all_rows += report(lost.rows, (m, n, k), round_, args)
     if args.rounds > 1:
         print(f"\n## Across {args.rounds} rounds\n")
         print(format_spread(all_rows), flush=True)
     if args.output:
         write_rows(all_rows, args.output)
         print(f"\nwrote {len(all_rows)} rows to {args.output}")
-    return 0 if all(r.ok for r in all_rows) else 1
+    if lost:
+        print(f"\ntorch_mm_variants.bench: {lost}", file=sys.stderr)
+    return 1 if lost or not all(r.ok for r in all_rows) else 0
+
+
+def report(rows: list[Row], size, round_: int, args) -> list[Row]:
+    """Prints one size's table, its rows numbered with their round, and returns them."""
+    m, n, k = size
+    for r in rows:
+        r.round = round_
+    b_form = f"b = w.t(), w [{n}, {k}]" if args.weight_layout else f"b [{k}, {n}]"
+    of_rounds = f", round {round_} of {args.rounds}" if args.rounds > 1 else ""
+    print(f"\n## {m}x{n}x{k} (M x N x K, {b_form}{of_rounds})\n")
+    print(format_table(rows), flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,10 +8,12 @@ Each point is checked against a float64 reference before it is timed (bench.py's
 timer); torch.mm is timed right before and after each algorithm, and the row's torch_mm_ms and
 pct_of_torch_mm compare it with the mean of the two. A point beyond the tolerance, or whose
 kernel raised (its row's error gives the message), is not timed, its row says ok=False, FAILED
-is printed for it, and the exit status is 1. A kernel whose last point took longer than
---time-cap seconds is not run at larger sizes of that family (the teaching rungs at 8192^3), and
-a kernel is not run at shapes it does not take (the skinny rungs beyond their M, float32
-tensor-core rungs with TF32 off); both are listed, with the reason, at the end.
+is printed for it, and the exit status is 1; so is a point whose timing raised. Where an error
+left the CUDA context dead (an illegal memory access), the sweep stops there and writes the
+rows measured so far. A kernel whose last point took longer than --time-cap seconds is not run
+at larger sizes of that family (the teaching rungs at 8192^3), and a kernel is not run at
+shapes it does not take (the skinny rungs beyond their M, float32 tensor-core rungs with TF32
+off); both are listed, with the reason, at the end.
 """
 from __future__ import annotations
 
@@ -59,7 +61,7 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
                 "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else 0.0,
                 "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "torch_mm_ms": torch_mm_ms,
                 "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else 0.0,
-                "rel_error": err, "ok": err <= tolerance, "error": error}
+                "rel_error": err, "ok": err <= tolerance and error is None, "error": error}
 
     baseline_err = bench.check(torch.mm, inputs, references)[0]
     baseline_ok = baseline_err <= tolerance  # a wrong torch.mm is not timed either
@@ -81,16 +83,17 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
         run = lambda a, b, name=name: mmv.matmul(a, b, name)  # noqa: E731
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name
         err, error = bench.check(run, inputs, references)
-        if not err <= tolerance:  # a wrong or raising kernel is reported, never timed
-            rows.append(row(label, float("nan"), err, float("nan"), error))
-            continue
-        ms, torch_mm_ms = beside.time(
-            lambda: bench.time_ms(bench.cycling(run, inputs), device, repeat))
-        rows.append(row(label, ms, err, torch_mm_ms))
+        ms = torch_mm_ms = float("nan")
+        if err <= tolerance:  # a wrong or raising kernel is reported, never timed
+            ms, torch_mm_ms, error = beside.time(
+                lambda: bench.time_ms(bench.cycling(run, inputs), device, repeat))
+        rows.append(row(label, ms, err, torch_mm_ms, error))
+        bench.stop_if_context_lost(error, rows)
         if ms > 1e3 * time_cap["seconds"]:
             time_cap["skipped"].add(name)
-    baseline_ms = beside.torch_mm_time()
-    rows.append(row(bench.BASELINE, baseline_ms, baseline_err, baseline_ms))
+    baseline_ms, error = beside.torch_mm_time()
+    rows.append(row(bench.BASELINE, baseline_ms, baseline_err, baseline_ms, error))
+    bench.stop_if_context_lost(error, rows)
     return rows
 
 
@@ -178,13 +181,18 @@ def main(argv=None) -> int:
     dtype = bench.DTYPES[args.dtype]
     tolerance = bench.tolerance_for(dtype, args.tf32)
     todo = [s for s in shapes(device) if any(s[0].startswith(f) for f in args.families)]
-    rows, caps = [], {}
+    rows, caps, lost = [], {}, None
     for index, (family, m, n, k, weight_layout) in enumerate(todo):
         bench.progress(f"[{index + 1}/{len(todo)}] {family} {m}x{n}x{k}")
         cap = caps.setdefault(family, {"seconds": args.time_cap, "skipped": set(),
                                        "refused": {}})
-        rows += measure(family, m, n, k, weight_layout, dtype, device, args.algorithms,
-                        args.repeat, cap, tolerance)
+        try:
+            rows += measure(family, m, n, k, weight_layout, dtype, device, args.algorithms,
+                            args.repeat, cap, tolerance)
+        except bench.ContextLost as error:  # written with the rest, and the sweep stops
+            rows += error.rows
+            lost = error
+            break
     bench.progress("")
     with open(args.output, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -205,11 +213,14 @@ def main(argv=None) -> int:
     timed = [r for r in rows if r["ok"]]
     if args.plot and timed:
         try:
-            plot(timed, args.plot, f"{bench.device_name(device)}, {args.dtype}")
+            # The rows' name of the GPU: after a dead context, asking CUDA again might fail.
+            plot(timed, args.plot, f"{timed[0]['device_name']}, {args.dtype}")
             print(f"wrote {args.plot}")
         except ImportError:
             print("matplotlib is not installed: no plot", file=sys.stderr)
-    return 1 if failed else 0
+    if lost:
+        print(f"torch_mm_variants.sweep: {lost}", file=sys.stderr)
+    return 1 if failed or lost else 0
 
 
 if __name__ == "__main__":
