@@ -56,18 +56,41 @@ def measured_mode(tmp_path, monkeypatch):
     tuning.load_cache(tmp_path / "absent.json")
 
 
+# A CPU bucket's device part: its vector instructions and thread count.
+CPU = f"cpu {mmv._C.cpu_isa()} {torch.get_num_threads()} threads"
+
 def test_heuristic_by_default():
     a, b = torch.randn(50, 40), torch.randn(40, 30)
     decision = mmv.explain_auto(a, b)
     assert decision["reason"] == "heuristic"
     assert decision["algorithm"] == mmv.algorithms("cpu")[-1]
-    assert decision["bucket"] == "cpu|Float|rr|64x32x64"
+    assert decision["bucket"] == f"{CPU}|Float|rr|64x32x64"
 
 
 def test_bucket_names_layout_and_dtype():
     a = torch.randn(40, 50, dtype=torch.bfloat16).t()
-    assert mmv.explain_auto(a, torch.randn(40, 3, dtype=torch.bfloat16))["bucket"] == "cpu|BFloat16|cr|64x4x64"
+    assert mmv.explain_auto(a, torch.randn(40, 3, dtype=torch.bfloat16))["bucket"] == f"{CPU}|BFloat16|cr|64x4x64"
 
+
+
+def test_cpu_buckets_name_the_threads_and_instructions():
+    """Choices measured with other threads or vector instructions (another machine sharing the
+    cache, a process with torch.set_num_threads(1)) are kept under a key of their own."""
+    a, b = torch.randn(50, 40), torch.randn(40, 30)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one_thread = mmv.explain_auto(a, b)["bucket"]
+    finally:
+        torch.set_num_threads(threads)
+    assert one_thread.startswith(f"cpu {mmv._C.cpu_isa()} 1 threads|")
+    isa = mmv._C.cpu_isa()
+    try:
+        mmv._C.set_cpu_isa("generic")
+        generic = mmv.explain_auto(a, b)["bucket"]
+    finally:
+        mmv._C.set_cpu_isa(isa)
+    assert generic.startswith(f"cpu generic {threads} threads|")
 
 def test_measured_mode_measures_once_and_saves(measured_mode):
     a, b = torch.randn(70, 90), torch.randn(90, 33)
@@ -110,16 +133,16 @@ def test_concurrent_processes_keep_each_others_choices(tmp_path):
 def test_a_save_keeps_entries_saved_by_another_process(measured_mode):
     """Another process's buckets survive this process's save; on a bucket both hold, this
     process's fresh measurement wins."""
-    ours = "cpu|Float|rr|128x64x128"
-    measured_mode.write_text(json.dumps({"cpu|Float|rr|1x1x1": "naive", ours: "stale"}, indent=2))
+    ours = f"{CPU}|Float|rr|128x64x128"
+    measured_mode.write_text(json.dumps({f"{CPU}|Float|rr|1x1x1": "naive", ours: "stale"}, indent=2))
     chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
     assert chosen["bucket"] == ours
-    assert json.loads(measured_mode.read_text()) == {"cpu|Float|rr|1x1x1": "naive",
+    assert json.loads(measured_mode.read_text()) == {f"{CPU}|Float|rr|1x1x1": "naive",
                                                      ours: chosen["algorithm"]}
 
 
 def test_a_save_replaces_a_corrupt_file(measured_mode):
-    measured_mode.write_text('{"cpu|Float|rr|1x1x1": ')
+    measured_mode.write_text('{"' + CPU + '|Float|rr|1x1x1": ')
     chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
     assert json.loads(measured_mode.read_text()) == {chosen["bucket"]: chosen["algorithm"]}
 
@@ -174,6 +197,17 @@ def test_empty_cache_dir_variable_counts_as_unset(tmp_path, monkeypatch):
     monkeypatch.setenv("MM_VARIANTS_CACHE_DIR", "")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert tuning.cache_file().parent == tmp_path / "torch_mm_variants"
+
+
+def test_cache_dir_variable_takes_home_and_relative_folders(tmp_path, monkeypatch):
+    """~ is the home directory (it made a folder named ~ in the current one), and a relative
+    folder is taken from the current directory once, as an absolute path."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("MM_VARIANTS_CACHE_DIR", "~/choices")
+    assert tuning.cache_file().parent == tmp_path / "home" / "choices"
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MM_VARIANTS_CACHE_DIR", "relative")
+    assert tuning.cache_file().parent == tmp_path / "relative"
 
 
 def test_saved_choices_are_reused_by_a_new_process(measured_mode):
@@ -275,7 +309,7 @@ def test_batches_report_the_heuristic_choice_of_bmm(shared):
     a, b = torch.randn(4, 64, 128), batch_b(shared)
     decision = mmv.explain_auto(a, b)
     assert decision == {"algorithm": mmv.algorithms("cpu")[-1], "reason": "heuristic",
-                        "bucket": "cpu|Float|rc|64x32x128"}
+                        "bucket": f"{CPU}|Float|rc|64x32x128"}
     assert mmv.auto_choice(a, b) == decision["algorithm"]
     assert torch.equal(mmv.matmul(a, b), mmv.matmul(a, b, decision["algorithm"]))
 

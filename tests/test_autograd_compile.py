@@ -1,9 +1,12 @@
 """The op in models and compilers: autograd, opcheck, torch.compile, Linear and swap_linear."""
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_mm_variants as mmv
 from conftest import (algorithm_dtype_params, assert_gradients_match, devices, gpu_available,
@@ -317,6 +320,60 @@ def test_compile_module_and_backward(device):
             assert relative_error(grad, p.grad.double()) < 1e-6
 
 
+def named_algorithms(device):
+    """(algorithm, dtype) pairs for the compile tests: a rung that takes any operands, and on a
+    GPU with the skinny rung one whose `accepts` reads sizes (at most 64 rows: the weight
+    gradient's K rows are refused)."""
+    pairs = [("parallel" if device == "cpu" else "naive", torch.float32)]
+    if device == "cuda" and "skinny" in mmv.algorithms("cuda"):
+        pairs.append(("skinny", torch.bfloat16))
+    return pairs
+
+
+@pytest.mark.parametrize("device", devices())
+def test_compile_backward_with_named_algorithms_and_dynamic_shapes(device):
+    """With dynamic shapes the backward is traced with symbolic sizes, where choosing a named
+    algorithm's gradient products by reading sizes failed ("Cannot call numel() on tensor with
+    symbolic sizes/strides"). Every op, with gradients checked against eager mode."""
+    for algorithm, dtype in named_algorithms(device):
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+
+        def f(x, w, b3):
+            y = mmv.linear(x, w, activation="relu", algorithm=algorithm)
+            return mmv.matmul(y, w, algorithm) + mmv.matmul(b3, w, algorithm).sum(0)
+
+        torch._dynamo.reset()
+        compiled = torch.compile(f, dynamic=True, backend="aot_eager")
+        for rows in (3, 5, 9):
+            inputs = [torch.randn(*shape, device=device, dtype=dtype)
+                      for shape in ((rows, 16), (16, 16), (2, rows, 16))]
+            leaves = [t.clone().requires_grad_() for t in inputs]
+            eager_leaves = [t.clone().requires_grad_() for t in inputs]
+            compiled(*leaves).sum().backward()
+            eager = f(*eager_leaves)
+            eager.sum().backward()
+            for ours, theirs in zip(leaves, eager_leaves):
+                assert relative_error(ours.grad, theirs.grad.double()) < tolerance, algorithm
+
+
+@pytest.mark.parametrize("device", devices())
+def test_compiled_linear_backward_does_not_recompile_for_new_sizes(device):
+    """x's gradient took x's sizes as plain integers, which pinned them with a guard: every
+    new batch or sequence length compiled again, until the recompile limit sent the layer back
+    to eager mode."""
+    torch._dynamo.reset()
+    counter = CompileCounterWithBackend("aot_eager")
+    layer = mmv.Linear(4, 5, activation="gelu").to(device)
+    compiled = torch.compile(layer, dynamic=True, backend=counter)
+    for rows in range(6, 12):  # none equal to another size, which duck sizing would tie
+        x = torch.randn(2, rows, 4, device=device, requires_grad=True)
+        compiled(x).sum().backward()
+        x_eager = x.detach().clone().requires_grad_()
+        layer(x_eager).sum().backward()
+        assert relative_error(x.grad, x_eager.grad.double()) < 1e-5
+    assert counter.frame_count == 1
+
+
 def test_linear_matches_nn_linear():
     torch.manual_seed(0)
     reference = nn.Linear(16, 8)
@@ -366,6 +423,14 @@ def test_linear_from_linear_keeps_training_mode_and_refuses_parametrized_layers(
     normed = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))
     with pytest.raises(ValueError, match="parametrized"):
         mmv.Linear.from_linear(normed)
+    # The older hook-based forms keep a plain tensor as `weight`, recomputed before each call:
+    # converted, the layer lost its weight from the state dict and its gradient.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # nn.utils.weight_norm's deprecation
+        hooked = [nn.utils.weight_norm(nn.Linear(4, 3)), nn.utils.spectral_norm(nn.Linear(4, 3))]
+    for layer in hooked:
+        with pytest.raises(ValueError, match="no Parameter"):
+            mmv.Linear.from_linear(layer)
 
 
 def test_linear_from_linear_keeps_what_the_source_computes():
@@ -414,6 +479,24 @@ def test_swap_linear_keeps_hooks_and_leaves_subclasses_alone():
     assert calls == [torch.Size([4, 6])] * 2
     top = nn.Linear(6, 2)
     assert type(mmv.swap_linear(top)) is mmv.Linear
+
+
+def test_swap_linear_keeps_swapped_layers_and_warns_of_instance_forwards():
+    """A layer that already is a torch_mm_variants.Linear keeps its algorithm. A forward set on
+    the instance (accelerate's hooks wrap the old one so) would shadow Linear.forward and keep
+    running torch's kernel unnoticed: such a layer is left as it is, with a warning."""
+    torch.manual_seed(0)
+    chosen, hooked, plain = mmv.Linear(6, 6, algorithm="tiled"), nn.Linear(6, 6), nn.Linear(6, 2)
+    old_forward = hooked.forward
+    hooked.forward = lambda x: old_forward(x) * 1  # noqa: PLW0108
+    model = nn.Sequential(chosen, hooked, plain)
+    x = torch.randn(3, 6)
+    expected = model(x)
+    with pytest.warns(UserWarning, match=r"left 1 nn.Linear layer\(s\) as they are.*: 1$"):
+        mmv.swap_linear(model, algorithm="parallel")
+    assert chosen.algorithm == "tiled" and type(hooked) is nn.Linear
+    assert type(plain) is mmv.Linear and plain.algorithm == "parallel"
+    assert relative_error(model(x), expected.double()) < 1e-6
 
 
 @pytest.mark.skipif(not gpu_available(), reason="needs a GPU")

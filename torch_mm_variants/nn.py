@@ -1,6 +1,8 @@
 """nn.Linear on top of mm_variants::matmul, and a helper that swaps it into existing models."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 from torch import nn
 from torch.nn.utils import parametrize
@@ -15,7 +17,9 @@ def check_algorithm(name: str) -> str:
     of another device's ladder passes here and is refused by the op on a device without it."""
     valid = ["auto", *_C.registered_algorithms()]
     if name not in valid:
-        raise ValueError(f"unknown algorithm {name!r}; valid algorithms: {', '.join(valid)}")
+        # A CPU-only build registers no CUDA rung: "unknown" means unknown to this build.
+        raise ValueError(f"unknown algorithm {name!r}; valid algorithms in this build: "
+                         f"{', '.join(valid)}")
     return name
 
 
@@ -100,15 +104,19 @@ class Linear(nn.Linear):
         """A Linear sharing `linear`'s parameters (no copy), in its training mode; a source that
         is a Linear itself keeps its activation.
 
-        A parametrized layer (e.g. weight_norm) is refused with a ValueError: its weight is
-        computed from other parameters on every call, and a copy of today's value would be a
+        A layer whose weight or bias is computed from other parameters on every call is
+        refused with a ValueError: a parametrized one (nn.utils.parametrizations.weight_norm),
+        or one whose weight is no Parameter (the older nn.utils.weight_norm and spectral_norm,
+        which recompute it in a forward pre-hook). The new layer would hold today's value, a
         frozen tensor that no optimizer updates. So is a subclass of nn.Linear with a forward
         of its own, which the new layer would not run (swap_linear leaves those as they are).
         """
-        if parametrize.is_parametrized(linear):
-            raise ValueError("Linear.from_linear: the layer is parametrized (its weight is "
-                             "computed on every call, e.g. by weight_norm); remove the "
-                             "parametrization first, or keep the layer as it is")
+        if parametrize.is_parametrized(linear) or not all(
+                isinstance(p, nn.Parameter) for p in (linear.weight, linear.bias)
+                if p is not None):
+            raise ValueError("Linear.from_linear: the layer's weight is computed on every call "
+                             "(it is parametrized, or no Parameter: e.g. weight_norm or "
+                             "spectral_norm); remove that first, or keep the layer as it is")
         if type(linear).forward not in (nn.Linear.forward, Linear.forward):
             raise ValueError(f"Linear.from_linear: {type(linear).__name__} defines its own "
                              "forward, which the new layer would not run; keep the layer as "
@@ -129,13 +137,26 @@ def swap_linear(model: nn.Module, algorithm: str = "auto") -> nn.Module:
 
     Each layer stays the same module object: its parameters (shared, not copied), buffers, hooks
     and state dict keys are kept; only its forward now runs through mm_variants::linear.
-    Subclasses of nn.Linear, which may define their own forward, and parametrized layers (e.g.
-    weight_norm, whose weight is computed on every call) are left as they are. An unknown
-    `algorithm` is refused before any layer changes.
+    Left as they are: subclasses of nn.Linear, which may define their own forward; parametrized
+    layers (e.g. weight_norm, whose weight is computed on every call); layers that already are
+    torch_mm_variants.Linear, which keep their algorithm (set `layer.algorithm` to change it);
+    and, with a warning, layers whose forward was replaced on the instance (as accelerate's
+    dispatch hooks do), which would go on running their own forward. An unknown `algorithm` is
+    refused before any layer changes.
     """
     check_algorithm(algorithm)
-    for module in model.modules():
-        if type(module) is nn.Linear:
-            module.__class__ = Linear
-            module.algorithm, module.activation = algorithm, "none"
+    overridden = []
+    for name, module in model.named_modules():
+        if type(module) is not nn.Linear:
+            continue
+        if "forward" in vars(module):  # it would shadow Linear.forward after the swap
+            overridden.append(name or "the model itself")
+            continue
+        module.__class__ = Linear
+        module.algorithm, module.activation = algorithm, "none"
+    if overridden:
+        warnings.warn(f"swap_linear: left {len(overridden)} nn.Linear layer(s) as they are, "
+                      f"whose forward is replaced on the instance (e.g. by accelerate's hooks) "
+                      f"and would not run mm_variants::linear: {', '.join(overridden[:5])}"
+                      f"{', ...' if len(overridden) > 5 else ''}")
     return model

@@ -39,13 +39,15 @@ def autotune_requested() -> bool:
 
 
 def cache_file() -> Path:
-    """The JSON file that keeps measured choices (MM_VARIANTS_CACHE_DIR overrides its folder)."""
+    """The JSON file that keeps measured choices (MM_VARIANTS_CACHE_DIR overrides its folder).
+    A leading ~ is the home directory, and a relative folder is taken from the current directory
+    once, here: later saves go to the same file wherever the process has moved since."""
     folder = os.environ.get("MM_VARIANTS_CACHE_DIR")
     if not folder:  # empty counts as unset, as for XDG_CACHE_HOME, not as the current directory
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
         folder = os.path.join(base, "torch_mm_variants")
     tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{__version__}")
-    return Path(folder) / f"autotune-{tag}.json"
+    return Path(folder).expanduser().absolute() / f"autotune-{tag}.json"
 
 
 def load_cache(path: Path | None = None) -> int:

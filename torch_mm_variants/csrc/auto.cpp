@@ -1,9 +1,13 @@
 #include "auto.h"
 
+#include "cpu/simd.h"
+
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
@@ -243,22 +247,34 @@ void save_locked(const TuningState& s) {
   }
 }
 
-// The CPU's tuner: wall-clock time of one run after a warm-up run.
+// The CPU's tuner: wall-clock time, the median of three runs after a warm-up run. One run alone
+// let near-ties flip from one process to the next (simd_packed against parallel at 64^3), and
+// the choice is kept for good.
 std::vector<double> time_on_cpu(const std::vector<const Algorithm*>& candidates,
                                 const at::Tensor& a, const at::Tensor& b) {
   std::vector<double> ms;
   at::Tensor out = at::empty({a.size(0), b.size(1)}, a.options());
   for (const Algorithm* algorithm : candidates) {
     algorithm->run(a, b, out);
-    const auto start = std::chrono::steady_clock::now();
-    algorithm->run(a, b, out);
-    const auto elapsed = std::chrono::steady_clock::now() - start;
-    ms.push_back(std::chrono::duration<double, std::milli>(elapsed).count());
+    std::array<double, 3> runs{};
+    for (double& run_ms : runs) {
+      const auto start = std::chrono::steady_clock::now();
+      algorithm->run(a, b, out);
+      const auto elapsed = std::chrono::steady_clock::now() - start;
+      run_ms = std::chrono::duration<double, std::milli>(elapsed).count();
+    }
+    std::sort(runs.begin(), runs.end());
+    ms.push_back(runs[1]);
   }
   return ms;
 }
 
-std::string cpu_name(c10::Device) { return "cpu"; }
+// The CPU's part of a bucket's key: what its kernels' speed depends on besides the shape, the
+// vector instructions they use and the threads they get, so that a cache file shared by other
+// machines, or read by a process with another thread count, holds separate choices for them.
+std::string cpu_name(c10::Device) {
+  return "cpu " + cpu::simd::isa() + " " + std::to_string(at::get_num_threads()) + " threads";
+}
 
 void check_has_candidate(const char* op, bool has_candidate, c10::Device device,
                          c10::ScalarType dtype) {

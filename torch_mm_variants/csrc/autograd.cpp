@@ -116,9 +116,17 @@ at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activa
 // unless it refuses these operands, then auto. A named algorithm's gradients have other shapes
 // than its forward (skinny takes at most 64 rows; the weight gradient of a Linear it runs has
 // out_features rows), and TF32 may have been switched off since the forward pass.
+// Traced with symbolic sizes (torch.compile's dynamic shapes), the graph serves sizes that are
+// not known yet, so no sizes are read: the forward's algorithm where it takes any operands of
+// its dtypes, otherwise auto.
 std::string gradient_algorithm(const std::string& algorithm, const at::Tensor& lhs,
                                const at::Tensor& rhs) {
-  if (algorithm == "auto" || lhs.numel() == 0 || rhs.numel() == 0) return algorithm;
+  if (algorithm == "auto") return algorithm;
+  if (lhs.unsafeGetTensorImpl()->has_symbolic_sizes_strides() ||
+      rhs.unsafeGetTensorImpl()->has_symbolic_sizes_strides()) {
+    return find_algorithm(lhs.device(), algorithm).accepts == nullptr ? algorithm : "auto";
+  }
+  if (lhs.numel() == 0 || rhs.numel() == 0) return algorithm;
   const at::Tensor l = lhs.dim() == 3 ? lhs[0] : lhs, r = rhs.dim() == 3 ? rhs[0] : rhs;
   return std::get<0>(algorithm_accepts(algorithm, l, r)) ? algorithm : "auto";
 }
@@ -211,7 +219,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     }
     at::Tensor grad_x, grad_weight, grad_bias;
     if (ctx->needs_input_grad(0)) {
-      grad_x = gradient_product(matmul_op, grad_rows, weight, algorithm).reshape(x.sizes());
+      grad_x = gradient_product(matmul_op, grad_rows, weight, algorithm)
+                   .reshape_symint(x.sym_sizes());  // no guard on x's sizes under compile
     }
     if (ctx->needs_input_grad(1)) {
       grad_weight = gradient_product(matmul_op, grad_rows.t(), rows, algorithm);
@@ -284,9 +293,9 @@ at::Tensor linear_tangent(const at::Tensor& x_dual, const at::Tensor& weight_dua
        dbias});
   if (!dpre.defined()) return dpre;
   if (!dx.defined() && !dweight.defined()) {  // a bias tangent alone: broadcast to the output
-    std::vector<int64_t> out_sizes(x.sizes().begin(), x.sizes().end() - 1);
-    out_sizes.push_back(weight.size(0));
-    dpre = dpre.expand(out_sizes).contiguous();
+    std::vector<c10::SymInt> out_sizes(x.sym_sizes().begin(), x.sym_sizes().end() - 1);
+    out_sizes.push_back(weight.sym_size(0));
+    dpre = dpre.expand_symint(out_sizes).contiguous();
   }
   const Activation act = parse_activation(activation);
   if (act == Activation::kNone) return dpre;
