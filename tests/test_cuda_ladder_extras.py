@@ -136,19 +136,49 @@ def test_cuda_graph_capture_and_replay(algorithm, dtype):
             check(out, a, b, tolerance)
 
 
-@pytest.mark.skipif(not gpu_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs")
-@pytest.mark.parametrize("algorithm", mmv.algorithms("cuda:1")
-                         if gpu_available() and torch.cuda.device_count() >= 2 else [])
-def test_inputs_on_another_device(algorithm):
-    """Inputs on cuda:1 while cuda:0 is current: the kernel runs on cuda:1's stream."""
+def two_gpus() -> bool:
+    return gpu_available() and torch.cuda.device_count() >= 2
+
+
+@pytest.mark.skipif(not two_gpus(), reason="needs 2 GPUs")
+@pytest.mark.parametrize("algorithm,dtype",
+                         cuda_algorithm_dtypes("cuda:1") if two_gpus() else [])
+def test_inputs_on_another_device(algorithm, dtype):
+    """Inputs on cuda:1 while cuda:0 is current: each op runs on cuda:1 (its stream, its TMA
+    descriptors and launch limits), and cuda:0 stays current. Unaligned rows (the copy paths)
+    and 16-byte-aligned ones (TMA), matmul, linear with a bias (the fused epilogue), a batch
+    (bmm), their gradients, and a CUDA graph captured on cuda:1."""
     torch.manual_seed(0)
-    dtype = a_dtype_of(algorithm, "cuda:1")
-    with torch.cuda.device(0), runnable(algorithm, dtype, "cuda:1") as tolerance:
-        a = torch.randn(48, 150, device="cuda:1").to(dtype)
-        b = torch.randn(150, 90, device="cuda:1").to(dtype)
-        out = mmv.matmul(a, b, algorithm)
-        assert torch.cuda.current_device() == 0
-        check(out, a, b, tolerance)
+    device = "cuda:1"
+    with torch.cuda.device(0), runnable(algorithm, dtype, device) as tolerance:
+        ran = 0
+        for m, n, k in [(48, 90, 150), (64, 256, 512), (256, 512, 256)]:
+            a = torch.randn(m, k, device=device).to(dtype)
+            w = torch.randn(n, k, device=device).to(dtype)
+            if matmul_if_accepted(a, w.t(), algorithm) is None:
+                continue
+            ran += 1
+            check(mmv.matmul(a, w.t(), algorithm), a, w.t(), tolerance)
+            bias = torch.randn(n, device=device).to(dtype)
+            out = mmv.linear(a, w, bias, algorithm=algorithm)
+            ref = a.double() @ w.double().t() + bias.double()
+            assert relative_error(out, ref) <= tolerance
+            batch = torch.randn(3, m, k, device=device).to(dtype)
+            out = mmv.matmul(batch, w.t(), algorithm)
+            assert relative_error(out, batch.double() @ w.double().t()) <= tolerance
+            leaves = [a.clone().requires_grad_(), w.clone().requires_grad_()]
+            mmv.linear(*leaves, algorithm=algorithm).sum().backward()
+            ones = torch.ones(m, n, device=device, dtype=torch.float64)
+            assert relative_error(leaves[0].grad, ones @ w.double()) <= tolerance
+            assert relative_error(leaves[1].grad, ones.t() @ a.double()) <= tolerance
+            with torch.cuda.device(1):  # a graph captures on the current device's stream
+                graph, captured = capture_graph(lambda: mmv.matmul(a, w.t(), algorithm))
+            a.copy_(torch.randn_like(a, dtype=torch.float32))
+            graph.replay()
+            torch.cuda.synchronize(device)
+            check(captured, a, w.t(), tolerance)
+            assert torch.cuda.current_device() == 0
+        assert ran > 0, f"{algorithm} refused every shape"
 
 
 LARGE = 2 ** 23 + 64  # with SMALL_K = 256, a 16-bit operand of just over 2^31 elements (4.3 GB)
