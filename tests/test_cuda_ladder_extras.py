@@ -171,11 +171,13 @@ def test_inputs_on_another_device(algorithm, dtype):
             ones = torch.ones(m, n, device=device, dtype=torch.float64)
             assert relative_error(leaves[0].grad, ones @ w.double()) <= tolerance
             assert relative_error(leaves[1].grad, ones.t() @ a.double()) <= tolerance
-            with torch.cuda.device(1):  # a graph captures on the current device's stream
+            # A graph is captured and replayed on its device's streams, so cuda:1 is made
+            # current for both (replayed from cuda:0's stream, it is not ordered after the copy).
+            with torch.cuda.device(1):
                 graph, captured = capture_graph(lambda: mmv.matmul(a, w.t(), algorithm))
-            a.copy_(torch.randn_like(a, dtype=torch.float32))
-            graph.replay()
-            torch.cuda.synchronize(device)
+                a.copy_(torch.randn_like(a, dtype=torch.float32))
+                graph.replay()
+                torch.cuda.synchronize()
             check(captured, a, w.t(), tolerance)
             assert torch.cuda.current_device() == 0
         assert ran > 0, f"{algorithm} refused every shape"
