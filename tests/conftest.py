@@ -213,12 +213,15 @@ def launched_kernels(run) -> list[dict]:
     return [e for e in events if e.get("cat") == "kernel"]
 
 
-def capture_graph(work):
+def capture_graph(work, stream=None):
     """(graph, work()'s result) with work() captured into the CUDA graph rather than run. Kernels
     that load modules or opt into shared memory on first use need a warm-up call first (e.g.
-    on_side_stream(work)), since a capture forbids those."""
+    on_side_stream(work)), since a capture forbids those. Work on another device than the
+    process's first capture needs a `stream` of its own there: torch.cuda.graph's default side
+    stream stays on the device it was made for, and work on another device's stream would run
+    at once instead of being captured."""
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, stream=stream):
         result = work()
     return graph, result
 

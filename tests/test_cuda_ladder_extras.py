@@ -171,10 +171,11 @@ def test_inputs_on_another_device(algorithm, dtype):
             ones = torch.ones(m, n, device=device, dtype=torch.float64)
             assert relative_error(leaves[0].grad, ones @ w.double()) <= tolerance
             assert relative_error(leaves[1].grad, ones.t() @ a.double()) <= tolerance
-            # A graph is captured and replayed on its device's streams, so cuda:1 is made
-            # current for both (replayed from cuda:0's stream, it is not ordered after the copy).
+            # A graph is captured and replayed on streams of its device, cuda:1 current for both
+            # (replayed on cuda:0's stream, it would not be ordered after the copy).
             with torch.cuda.device(1):
-                graph, captured = capture_graph(lambda: mmv.matmul(a, w.t(), algorithm))
+                graph, captured = capture_graph(lambda: mmv.matmul(a, w.t(), algorithm),
+                                                torch.cuda.Stream(device))
                 a.copy_(torch.randn_like(a, dtype=torch.float32))
                 graph.replay()
                 torch.cuda.synchronize()
