@@ -365,11 +365,37 @@ def parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
 
 
 def check_writable(p: argparse.ArgumentParser, option: str, path: str) -> None:
-    """argparse's usage error unless `path` can be written: checked before the run, which may
-    take minutes, rather than when its results are written at the end."""
+    """argparse's usage error unless `path` can be written as a file: checked before the run,
+    which may take minutes, rather than when its results are written at the end."""
+    if not path:
+        p.error(f"{option}: the file name is empty")
+    if os.path.isdir(path):
+        p.error(f"{option} {path!r}: that is a directory; give a file name")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
         p.error(f"{option} {path!r}: directory {directory!r} does not exist or is not writable")
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (repetitions, rounds, token counts)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0 (seconds)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be above 0")
+    return value
 
 
 def parse_algorithms(text: str | None, device: torch.device) -> list[str]:
@@ -394,13 +420,13 @@ def parse_args(argv=None):
                    help="comma-separated N or MxNxK (default 4096 on the GPU, 1024 on the CPU)")
     p.add_argument("--algorithms", default=None,
                    help="comma-separated names (default: auto and every algorithm of the device)")
-    p.add_argument("--repeat", type=int, default=10, help="timed repetitions (CPU) / scale (GPU)")
+    p.add_argument("--repeat", type=positive_int, default=10, help="timed repetitions (CPU) / scale (GPU)")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 for float32 (torch.mm and the tensor-core rungs alike; "
                         "CUDA only)")
     p.add_argument("--weight-layout", action="store_true",
                    help="b is w.t() for an nn.Linear weight w [N, K] instead of a row-major [K, N]")
-    p.add_argument("--rounds", type=int, default=1,
+    p.add_argument("--rounds", type=positive_int, default=1,
                    help="run every measurement this many times and summarize the spread")
     p.add_argument("--output", default=None, help="write the rows to this .json or .csv file")
     args = p.parse_args(argv)
