@@ -23,3 +23,5 @@ def test_sdist_holds_every_source_and_header(tmp_path):
                if p.suffix in {".h", ".cpp", ".cuh", ".cu"}}
     assert sources and sources <= members, sorted(sources - members)
     assert {"setup.py", "pyproject.toml", "tests/conftest.py"} <= members
+    # What the README links to or names, beside the code.
+    assert {"docs/sweep_h100_bf16.csv", "docs/sweep_h100_bf16.png", ".ci/run"} <= members

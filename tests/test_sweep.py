@@ -48,7 +48,8 @@ def test_a_wrong_kernel_fails_its_points_and_is_not_timed(tmp_path, monkeypatch,
     rows = list(csv.DictReader(open(out)))
     wrong = [r for r in rows if r["algorithm"] == "parallel"]
     assert len(wrong) == 2
-    assert all(r["ok"] == "False" and r["ms"] == "nan" and float(r["tflops"]) == 0 for r in wrong)
+    assert all(r["ok"] == "False" and r["ms"] == r["tflops"] == r["pct_of_torch_mm"] == "nan"
+               for r in wrong)
     assert all(abs(float(r["rel_error"]) - 1) < 1e-6 for r in wrong)
     baseline = [r for r in rows if r["algorithm"] == "torch.mm"]
     assert len(baseline) == 2 and all(r["ok"] == "True" and float(r["ms"]) > 0 for r in baseline)
@@ -182,9 +183,33 @@ def test_unwritable_output_gets_a_usage_error_before_the_sweep(option, tmp_path,
     monkeypatch.setattr(sweep, "measure", lambda *args: pytest.fail("the sweep started"))
     with pytest.raises(SystemExit) as exit_info:
         sweep.main(["--device", "cpu", "--output", str(tmp_path / "s.csv"),
-                    option, str(tmp_path / "missing" / "s.out")])
+                    option, str(tmp_path / "missing" / ("s.csv" if option == "--output"
+                                                        else "s.png"))])
     assert exit_info.value.code == 2
     assert option in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("option", [
+    ["--output", "s.json"],  # the sweep writes CSV whatever the name says
+    ["--output", "{tmp}"],  # a directory
+    ["--output", ""],
+    ["--plot", "s.txt"],
+    ["--repeat", "0"],
+    ["--time-cap", "0"],  # every algorithm would stop after its first point
+    ["--time-cap", "abc"],
+    pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is visible")),
+])
+def test_bad_values_get_a_usage_error_before_the_sweep(option, tmp_path, capsys, monkeypatch):
+    """Each is refused by argparse, naming the option, before anything is measured: not run
+    with a meaningless value, nor failing after the whole sweep."""
+    option = [arg.format(tmp=tmp_path) for arg in option]
+    monkeypatch.setattr(sweep, "measure", lambda *args: pytest.fail("the sweep started"))
+    with pytest.raises(SystemExit) as exit_info:
+        sweep.main(["--device", "cpu", "--output", str(tmp_path / "s.csv"), "--plot", "",
+                    "--algorithms", "naive", *option])
+    assert exit_info.value.code == 2
+    assert option[0] in capsys.readouterr().err
 
 
 def test_the_cuda_device_asked_for_is_made_current(tmp_path, monkeypatch):

@@ -68,6 +68,10 @@ class Row:
     error: str | None = None  # what the kernel raised, for a row that failed that way
 
 
+# The rate of a row that was not timed: written as null (JSON) or nan (CSV), never as 0.
+NOT_TIMED = float("nan")
+
+
 def parse_size(text: str) -> tuple[int, int, int]:
     """'4096' -> (4096, 4096, 4096); 'MxNxK' -> (M, N, K)."""
     try:
@@ -245,7 +249,10 @@ def stop_if_context_lost(error: str | None, rows: list) -> None:
 
 
 def progress(message: str) -> None:
-    print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
+    """A status line that the next one overwrites, on a terminal only: in a log the control
+    characters would only pile up."""
+    if sys.stderr.isatty():
+        print(f"\r\033[K{message}", end="", file=sys.stderr, flush=True)
 
 
 def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
@@ -262,8 +269,8 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
 
     def row(name, ms, baseline_ms, err, error=None):
         return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,
-                   ms, flop / ms / 1e6 if ms > 0 else 0.0,
-                   100.0 * baseline_ms / ms if ms > 0 else 0.0, err,
+                   ms, flop / ms / 1e6 if ms > 0 else NOT_TIMED,
+                   100.0 * baseline_ms / ms if ms > 0 else NOT_TIMED, err,
                    err <= tolerance and error is None, error=error)
 
     for index, name in enumerate(algorithms):
@@ -357,18 +364,26 @@ def use_device(device: torch.device, program: str) -> torch.device:
 
 
 def parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
-    """--device's value as a torch.device, or argparse's usage error naming it."""
+    """--device's value as a torch.device, or argparse's usage error naming it (a CUDA device
+    where no GPU is visible too, before its algorithms are looked up)."""
     try:
-        return torch.device(text)
+        device = torch.device(text)
     except RuntimeError as error:
         p.error(f"--device {text!r}: {error}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        p.error(f"--device {text}: no CUDA GPU is visible")
+    return device
 
 
-def check_writable(p: argparse.ArgumentParser, option: str, path: str) -> None:
-    """argparse's usage error unless `path` can be written as a file: checked before the run,
-    which may take minutes, rather than when its results are written at the end."""
+def check_writable(p: argparse.ArgumentParser, option: str, path: str,
+                   suffixes: tuple[str, ...] = ()) -> None:
+    """argparse's usage error unless `path` can be written as a file (ending in one of
+    `suffixes`, where given: the format written follows it): checked before the run, which may
+    take minutes, rather than when its results are written at the end."""
     if not path:
         p.error(f"{option}: the file name is empty")
+    if suffixes and not path.endswith(suffixes):
+        p.error(f"{option} {path!r}: the file name must end in {' or '.join(suffixes)}")
     if os.path.isdir(path):
         p.error(f"{option} {path!r}: that is a directory; give a file name")
     directory = os.path.dirname(os.path.abspath(path))
@@ -403,6 +418,8 @@ def parse_algorithms(text: str | None, device: torch.device) -> list[str]:
     `device`); ValueError naming those that `device` lacks, and the valid ones."""
     available = mmv.algorithms(device)
     names = text.split(",") if text else ["auto"] + available
+    if "" in names:
+        raise ValueError("an empty name (two commas, or one at an end)")
     unknown = [name for name in names if name != "auto" and name not in available]
     if unknown:
         raise ValueError(f"unknown algorithm(s) {', '.join(unknown)} for {device}; valid: auto, "
@@ -430,13 +447,17 @@ def parse_args(argv=None):
                    help="run every measurement this many times and summarize the spread")
     p.add_argument("--output", default=None, help="write the rows to this .json or .csv file")
     args = p.parse_args(argv)
-    if args.rounds < 1:
-        p.error("--rounds must be at least 1")
-    if parse_device(p, args.device).type != "cuda" and args.tf32:
+    device = parse_device(p, args.device)
+    if device.type != "cuda" and args.tf32:
         # It would only loosen the check of float32 results to TF32's tolerance.
         p.error("--tf32: TF32 is a CUDA mode; the CPU's float32 products are checked as float32")
     if args.output is not None:
-        check_writable(p, "--output", args.output)
+        check_writable(p, "--output", args.output, (".json", ".csv"))
+    if mmv.algorithms(device):  # else main says the build has no kernels for the device
+        try:
+            args.algorithms = parse_algorithms(args.algorithms, device)
+        except ValueError as error:
+            p.error(f"--algorithms {args.algorithms!r}: {error}")
     if args.sizes is not None:
         try:
             args.sizes = [parse_size(text) for text in args.sizes.split(",")]
@@ -454,10 +475,7 @@ def main(argv=None) -> int:
     sizes = args.sizes or [parse_size("4096" if device.type == "cuda" else "1024")]
     if not mmv.algorithms(device):
         sys.exit(f"torch_mm_variants.bench: this build has no kernels for {device}")
-    try:
-        names = parse_algorithms(args.algorithms, device)
-    except ValueError as error:
-        sys.exit(f"torch_mm_variants.bench: {error}")
+    names = args.algorithms
     torch.manual_seed(0)
 
     all_rows, lost = [], None

@@ -58,9 +58,11 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
     def row(name, ms, err, torch_mm_ms, error=None):
         return {"device_name": device_label, "family": family, "m": m, "n": n, "k": k,
                 "dtype": str(dtype).removeprefix("torch."),
-                "algorithm": name, "ms": ms, "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else 0.0,
-                "gbps": bytes_moved / ms / 1e6 if ms > 0 else 0.0, "torch_mm_ms": torch_mm_ms,
-                "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else 0.0,
+                "algorithm": name, "ms": ms,
+                "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else bench.NOT_TIMED,
+                "gbps": bytes_moved / ms / 1e6 if ms > 0 else bench.NOT_TIMED,
+                "torch_mm_ms": torch_mm_ms,
+                "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else bench.NOT_TIMED,
                 "rel_error": err, "ok": err <= tolerance and error is None, "error": error}
 
     baseline_err = bench.check(torch.mm, inputs, references)[0]
@@ -145,18 +147,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", default="bfloat16", choices=list(bench.DTYPES))
     p.add_argument("--algorithms", default=None, help="comma-separated (default: auto and all)")
     p.add_argument("--families", default=None, help="comma-separated family prefixes, e.g. square")
-    p.add_argument("--repeat", type=int, default=5)
-    p.add_argument("--time-cap", type=float, default=1.0,
+    p.add_argument("--repeat", type=bench.positive_int, default=5)
+    p.add_argument("--time-cap", type=bench.positive_float, default=1.0,
                    help="seconds per call beyond which an algorithm stops growing in size")
     p.add_argument("--tf32", action="store_true",
                    help="allow TF32 for float32 (torch.mm and ours alike; CUDA only)")
     p.add_argument("--output", default="sweep.csv")
-    p.add_argument("--plot", default="sweep.png", help="PNG path ('' for none)")
+    p.add_argument("--plot", default="sweep.png", help="a .png (or .svg, .pdf) path; '' for none")
     args = p.parse_args(argv)
     device = bench.parse_device(p, args.device)
-    bench.check_writable(p, "--output", args.output)
+    bench.check_writable(p, "--output", args.output, (".csv",))
     if args.plot:
-        bench.check_writable(p, "--plot", args.plot)
+        bench.check_writable(p, "--plot", args.plot, (".png", ".svg", ".pdf"))
     if device.type != "cuda" and args.tf32:
         # It would only loosen the check of float32 results to TF32's tolerance.
         p.error("--tf32: TF32 is a CUDA mode; the CPU's float32 products are checked as float32")
