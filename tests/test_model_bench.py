@@ -78,3 +78,84 @@ def test_a_wrong_model_fails_its_check_and_is_not_timed(tmp_path, monkeypatch, c
     assert all(r["rel_error"] > 1e-3 and r["original_rel_error"] < 1e-5 for r in rows)
     assert [(r["ours_ms"], r["original_ms"], r["speedup"]) for r in rows] == [(None,) * 3] * 2
     assert capsys.readouterr().out.count("FAILED") == 2
+
+
+@pytest.mark.parametrize("option", [["--prefill", "0"], ["--prefill", "-3"], ["--decode", "0"],
+                                    ["--decode", "1,-8"], ["--decode", "abc"], ["--repeat", "0"],
+                                    ["--algorithm", "bogus"], ["--algorithm", "wgmma"]])
+def test_bad_counts_or_algorithm_get_a_usage_error_before_the_run(option, capsys, monkeypatch):
+    """Token counts and repetitions below 1 or not whole numbers, and an algorithm the device
+    lacks, are refused by argparse before any model is built."""
+    monkeypatch.setattr(model_bench, "build_models", lambda *args: pytest.fail("models built"))
+    with pytest.raises(SystemExit) as exit_info:
+        model_bench.main(["--device", "cpu", "--no-compile", *option])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert option[0] in err and "<lambda>" not in err
+    if option[0] == "--algorithm":  # the valid ones are named
+        assert all(name in err for name in ["auto"] + mmv.algorithms("cpu"))
+    if option[1] == "abc":
+        assert "not a whole number" in err
+
+
+def failing_decode(monkeypatch, dead=None) -> list:
+    """Makes our Linear layers raise as a kernel does at the one-token decode step, while the
+    list returned is not empty (model_bench.time_step fills it while it times); with
+    dying_cuda_context's list as `dead`, the error kills the fake CUDA context."""
+    timing, forward, time_step = [], mmv.Linear.forward, model_bench.time_step
+
+    def failing(self, x):
+        if timing and x.shape[-2] == 1:
+            if dead is not None:
+                dead.append(self)
+            raise RuntimeError("CUDA error: an illegal memory access was encountered\n"
+                               "Exception raised from launch()")
+        return forward(self, x)
+
+    def timed(model, tokens, device, repeat):
+        timing.append(model)
+        try:
+            return time_step(model, tokens, device, repeat)
+        finally:
+            timing.pop()
+
+    monkeypatch.setattr(mmv.Linear, "forward", failing)
+    monkeypatch.setattr(model_bench, "time_step", timed)
+    return timing
+
+
+ARGS = ["--device", "cpu", "--size", "tiny", "--dtype", "float32", "--prefill", "8",
+        "--decode", "1,4", "--repeat", "3", "--no-compile"]
+MESSAGE = "RuntimeError: CUDA error: an illegal memory access was encountered"
+
+
+@pytest.mark.parametrize("dies", [False, True], ids=["context alive", "context dead"])
+def test_a_model_raising_while_timed_fails_its_row(dies, tmp_path, monkeypatch, capsys,
+                                                   dying_cuda_context):
+    """A step where our model raises gets a failed row with the error's first line and the
+    run goes on to the other steps; where the error left the CUDA context dead, the run stops
+    there. Either way the rows measured are written and the exit status is 1."""
+    failing_decode(monkeypatch, dying_cuda_context if dies else None)
+    out = tmp_path / "rows.json"
+    assert model_bench.main([*ARGS, "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    measured = [("prefill", 8, True), ("decode", 1, False)] + [("decode", 4, True)] * (not dies)
+    assert [(r["phase"], r["tokens"], r["ok"]) for r in rows] == measured
+    assert rows[1]["error"] == MESSAGE and rows[1]["ours_ms"] is None
+    assert rows[1]["rel_error"] < 1e-5  # it passed its check
+    captured = capsys.readouterr()
+    assert f"FAILED ({MESSAGE})" in captured.out
+    assert ("model_bench: the CUDA context is lost" in captured.err) == dies
+
+
+def test_a_model_raising_in_its_check_fails_its_row(tmp_path, monkeypatch):
+    """A model that raises before it could be checked is reported as failed, not timed."""
+    forward = mmv.Linear.forward
+    monkeypatch.setattr(mmv.Linear, "forward", lambda self, x: (
+        forward(self, x) if x.shape[-2] != 1 else mmv.matmul(x, x, "no such algorithm")))
+    out = tmp_path / "rows.json"
+    assert model_bench.main([*ARGS, "--output", str(out)]) == 1
+    rows = json.loads(out.read_text())
+    assert [r["ok"] for r in rows] == [True, False, True]
+    assert rows[1]["error"].startswith("RuntimeError") and rows[1]["rel_error"] is None
+    assert (rows[1]["ours_ms"], rows[1]["original_ms"]) == (None, None)

@@ -16,9 +16,12 @@ eager mode and under torch.compile(fullgraph=True), which fails loudly on any gr
 
 Before either model is timed at a step, both outputs are compared with a float64 copy of the
 original model's: ours passes if its relative error (Frobenius norm) is at most twice the
-original's plus the dtype's tolerance for one product (bench.TOLERANCE). A step that fails is
-reported as FAILED, not timed, and the exit status is 1. Each row gives both step times, their
-ratio, both errors, and the largest difference between the outputs.
+original's plus the dtype's tolerance for one product (bench.TOLERANCE). A step that fails its
+check, or where a model raises (checked or timed), is reported as FAILED with the error's first
+line, and the run goes on; the exit status is then 1. Where the error left the CUDA context dead
+(an illegal memory access), the run stops there, writes the rows measured so far, and exits with
+status 1. Each row gives both step times, their ratio, both errors, and the largest difference
+between the outputs.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ from torch import nn
 
 import torch_mm_variants as mmv
 from torch_mm_variants import bench
+
+NAN = float("nan")
 
 
 @dataclass
@@ -146,45 +151,82 @@ def largest_difference(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
     return diff, diff / max(b.float().abs().max().item(), 1e-30)
 
 
+def compare(models, exact, tokens, tolerance: float) -> dict:
+    """The check of one step: both models' outputs against the float64 model's. Ours passes
+    if its relative error is at most twice the original's plus `tolerance`."""
+    reference_model, our_model = models
+    with torch.inference_mode():
+        expected, ours = reference_model(tokens), our_model(tokens)
+        exact_out = exact(tokens)
+    diff, relative = largest_difference(ours, expected)
+    original_err = bench.relative_error(expected, exact_out)
+    err = bench.relative_error(ours, exact_out)
+    return {"max_abs_diff": diff, "max_rel_diff": relative, "rel_error": err,
+            "original_rel_error": original_err, "ok": err <= 2 * original_err + tolerance}
+
+
+NOT_CHECKED = {"max_abs_diff": NAN, "max_rel_diff": NAN, "rel_error": NAN,
+               "original_rel_error": NAN, "ok": False}
+
+
+def time_beside(models, tokens, device, repeat: int) -> tuple[float, float, str | None]:
+    """The original's time (the mean of its timings right before and after ours: heating and
+    clock changes then affect both alike), ours, and None; or NaN, NaN and the first line of
+    what one of the three timings raised, naming the model that raised it."""
+    reference_model, our_model = models
+    timings = []
+    for label, model in (("original model: ", reference_model), ("", our_model),
+                         ("original model: ", reference_model)):
+        ms, error = bench.attempt(lambda: time_step(model, tokens, device, repeat))
+        if error is not None:
+            return NAN, NAN, label + error
+        timings.append(ms)
+    before, ms, after = timings
+    return statistics.mean([before, after]), ms, None
+
+
+def measure_step(models, exact, tokens, device, args, tolerance: float) -> dict:
+    """One step's row less its labels: checked, then timed where the check passed (a wrong
+    model is reported, never timed). A model that raises in either gives a failed row with the
+    error's first line, so that the other steps are still measured and written."""
+    checked, error = bench.attempt(lambda: compare(models, exact, tokens, tolerance))
+    if error is not None:
+        checked = NOT_CHECKED
+    reference_ms = ms = NAN
+    if checked["ok"]:
+        reference_ms, ms, error = time_beside(models, tokens, device, args.repeat)
+    return {"original_ms": reference_ms, "ours_ms": ms, "speedup": reference_ms / ms,
+            **checked, "ok": checked["ok"] and error is None, "error": error}
+
+
 def run(args) -> list[dict]:
+    """Every step's row. bench.ContextLost, with the rows so far (the failed one last), where
+    a model's error left the CUDA context dead: every later step would fail the same way."""
     device = bench.use_device(torch.device(args.device), "torch_mm_variants.model_bench")
     dtype = bench.DTYPES[args.dtype]
     config = SIZES[args.size]
     original, swapped = build_models(config, device, dtype, args.algorithm)
     exact = copy.deepcopy(original).double()  # the reference of every step's check
     tolerance = bench.tolerance_for(dtype, False)
-    modes = [("eager", original, swapped)]
+    modes = [("eager", (original, swapped))]
     if args.compile:
         torch._dynamo.reset()
-        modes.append(("compile", torch.compile(original, fullgraph=True, dynamic=False),
-                      torch.compile(swapped, fullgraph=True, dynamic=False)))
+        modes.append(("compile", (torch.compile(original, fullgraph=True, dynamic=False),
+                                  torch.compile(swapped, fullgraph=True, dynamic=False))))
     steps = [("prefill", args.prefill)] + [("decode", t) for t in args.decode]
     device_label = bench.device_name(device)  # in every row: the data names its GPU
     rows = []
-    for mode, reference_model, our_model in modes:
+    for mode, models in modes:
         for phase, tokens_in_flight in steps:
             bench.progress(f"{mode} {phase} {tokens_in_flight} tokens")
             tokens = torch.randint(0, config.vocab, (1, tokens_in_flight), device=device)
-            with torch.inference_mode():
-                expected, ours = reference_model(tokens), our_model(tokens)
-                exact_out = exact(tokens)
-            diff, relative = largest_difference(ours, expected)
-            original_err = bench.relative_error(expected, exact_out)
-            err = bench.relative_error(ours, exact_out)
-            ok = err <= 2 * original_err + tolerance
-            reference_ms = ms = float("nan")
-            if ok:  # a wrong model is reported, never timed
-                # interleaved: original, ours, original; the original's time is the mean of both
-                before = time_step(reference_model, tokens, device, args.repeat)
-                ms = time_step(our_model, tokens, device, args.repeat)
-                after = time_step(reference_model, tokens, device, args.repeat)
-                reference_ms = statistics.mean([before, after])
+            row = measure_step(models, exact, tokens, device, args, tolerance)
+            if row["error"]:
+                print(f"\n{mode} {phase} {tokens_in_flight} tokens: FAILED: {row['error']}",
+                      file=sys.stderr)
             rows.append({"device_name": device_label, "mode": mode, "phase": phase,
-                         "tokens": tokens_in_flight,
-                         "original_ms": reference_ms, "ours_ms": ms,
-                         "speedup": reference_ms / ms, "max_abs_diff": diff,
-                         "max_rel_diff": relative, "rel_error": err,
-                         "original_rel_error": original_err, "ok": ok})
+                         "tokens": tokens_in_flight, **row})
+            bench.stop_if_context_lost(row["error"], rows)
     bench.progress("")
     return rows
 
@@ -194,7 +236,8 @@ def format_rows(rows: list[dict]) -> str:
              "| rel. error (original's) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for r in rows:
-        status = "" if r["ok"] else " FAILED"
+        failed = f" FAILED ({r['error']})" if r["error"] else " FAILED"
+        status = "" if r["ok"] else failed
         lines.append(f"| {r['mode']} | {r['phase']} | {r['tokens']} | {r['original_ms']:.3f} | "
                      f"{r['ours_ms']:.3f} | {r['speedup']:.2f}x | {r['max_abs_diff']:.2e} "
                      f"| {r['rel_error']:.1e} ({r['original_rel_error']:.1e}){status} |")
@@ -208,30 +251,51 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda" if gpu else "cpu")
     p.add_argument("--dtype", default="bfloat16" if gpu else "float32", choices=list(bench.DTYPES))
     p.add_argument("--size", default="llama8b" if gpu else "tiny", choices=list(SIZES))
-    p.add_argument("--prefill", type=int, default=2048 if gpu else 64)
-    p.add_argument("--decode", type=lambda s: [int(t) for t in s.split(",")], default=[1, 8, 16])
-    p.add_argument("--algorithm", default="auto")
-    p.add_argument("--repeat", type=int, default=10)
+    p.add_argument("--prefill", type=bench.positive_int, default=2048 if gpu else 64)
+    p.add_argument("--decode", type=token_counts, default=[1, 8, 16],
+                   help="comma-separated token counts of the decode steps")
+    p.add_argument("--algorithm", default="auto", help="auto or one of the device's algorithms")
+    p.add_argument("--repeat", type=bench.positive_int, default=10)
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="eager mode only (torch.compile takes a while on a CPU)")
     p.add_argument("--output", default=None, help="write the rows as JSON")
     args = p.parse_args(argv)
+    check_algorithm(p, args.algorithm, bench.parse_device(p, args.device))
     if args.output is not None:
         bench.check_writable(p, "--output", args.output)
     return args
 
 
+def token_counts(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1."""
+    return [bench.positive_int(count) for count in text.split(",")]
+
+
+def check_algorithm(p: argparse.ArgumentParser, name: str, device: torch.device) -> None:
+    """argparse's usage error, naming the valid ones, unless `device` has algorithm `name`:
+    refused before the models are built rather than by the first swapped layer's call."""
+    available = mmv.algorithms(device)
+    if name != "auto" and name not in available:
+        p.error(f"--algorithm {name!r}: not an algorithm of {device}; valid: "
+                f"{', '.join(['auto'] + available)}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
-    start = time.perf_counter()
-    rows = run(args)
-    name = bench.device_name(torch.device(args.device))
+    start, lost = time.perf_counter(), None
+    try:
+        rows = run(args)
+    except bench.ContextLost as error:  # the rows so far are reported and written
+        rows, lost = error.rows, error
+    name = rows[0]["device_name"]  # no CUDA call: the context may be dead
     print(f"# {args.size} decoder, {args.dtype}, on {name}: torch_mm_variants.Linear "
           f"(algorithm={args.algorithm}) vs nn.Linear ({time.perf_counter() - start:.0f} s)\n")
     print(format_rows(rows))
     if args.output:
         bench.write_json(rows, args.output)
-    return 0 if all(r["ok"] for r in rows) else 1
+    if lost:
+        print(f"\ntorch_mm_variants.model_bench: {lost}", file=sys.stderr)
+    return 0 if all(r["ok"] for r in rows) and not lost else 1
 
 
 if __name__ == "__main__":
