@@ -11,7 +11,8 @@ mean of the two. The fastest configuration is the rung's default. --output write
 JSON. A candidate that fails its check, or raises there or while timed, gets a failed row and
 the sweep goes on (exit status 1); where the error left the CUDA context dead, it stops there
 and writes the rows measured so far. Needs the package itself built in place (for its
-benchmark's helpers).
+benchmark's helpers). The builds need a CUDA build of torch and the CUDA toolkit; with
+--build-only they need no GPU where TORCH_CUDA_ARCH_LIST names the architecture to build for.
 
     python3 scripts/tune_tiling.py --rung warp_tiling                 # float32, TF32 off
     python3 scripts/tune_tiling.py --rung tensor_core --dtype bfloat16 --sizes 4096,8192
@@ -135,10 +136,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rung", choices=sorted(RUNGS), required=True)
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                         help="float32 for warp_tiling, bfloat16 for tensor_core by default")
-    parser.add_argument("--sizes", default="4096", help="comma-separated square sizes")
-    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--sizes", type=square_sizes, default="4096",
+                        help="comma-separated square sizes")
+    parser.add_argument("--jobs", type=bench.positive_int, default=os.cpu_count() or 1)
     parser.add_argument("--build-only", action="store_true",
-                        help="build the candidates and stop (no GPU work: can overlap other runs)")
+                        help="build the candidates and stop (no GPU work: can overlap other runs; "
+                             "without a GPU, set TORCH_CUDA_ARCH_LIST to the one to build for)")
     parser.add_argument("--candidates", default=None,
                         help="';'-separated configurations (the macro's fields, comma-separated) "
                              "instead of the rung's list")
@@ -150,6 +153,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         bench.check_writable(parser, "--output", args.output)
     args.candidates = parse_candidates(parser, args.rung, args.candidates)
     return args
+
+
+def square_sizes(text: str) -> list[int]:
+    """An argparse type: comma-separated sizes of at least 1, refused before the builds."""
+    return [bench.positive_int(size) for size in text.split(",")]
 
 
 def parse_candidates(parser, rung_name: str, text: str | None) -> tuple:
@@ -238,12 +246,34 @@ def time_candidates(rung_name: str, candidates, dtype: torch.dtype, n: int,
     return rows
 
 
+def missing_for(build_only: bool) -> str | None:
+    """What this machine lacks for the run, or None: said before the builds, which otherwise
+    fail later with a traceback (an AssertionError where no GPU is visible)."""
+    from torch.utils.cpp_extension import CUDA_HOME
+
+    gpu = torch.cuda.is_available()
+    if not build_only and not gpu:
+        return "timing the candidates needs a CUDA GPU (--build-only builds without one)"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build: the builds need its CUDA headers"
+    if CUDA_HOME is None:
+        return "no CUDA toolkit found (nvcc): set CUDA_HOME to build the candidates"
+    if not gpu and "TORCH_CUDA_ARCH_LIST" not in os.environ:
+        return ("no GPU visible to build for: set TORCH_CUDA_ARCH_LIST (e.g. 9.0a for an H100) "
+                "to build without one")
+    return None
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     rung = RUNGS[args.rung]
     candidates = args.candidates
-    major, minor = torch.cuda.get_device_capability()
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", f"{major}.{minor}" + ("a" if major == 9 else ""))
+    missing = missing_for(args.build_only)
+    if missing:
+        sys.exit(f"tune_tiling: {missing}")
+    if "TORCH_CUDA_ARCH_LIST" not in os.environ:  # the visible GPU's (missing_for saw one)
+        major, minor = torch.cuda.get_device_capability()
+        os.environ["TORCH_CUDA_ARCH_LIST"] = f"{major}.{minor}" + ("a" if major == 9 else "")
     os.environ.setdefault("MAX_JOBS", "2")
     count = len(candidates)
     with ProcessPoolExecutor(min(args.jobs, count), mp_context=get_context("spawn")) as pool:
@@ -256,7 +286,7 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = rung.tf32
     rows, lost = [], None
     try:
-        for n in map(int, args.sizes.split(",")):
+        for n in args.sizes:
             rows += time_candidates(args.rung, candidates, dtype, n, args.build_dir)
     except bench.ContextLost as error:  # written with the rest, and the run stops
         rows, lost = rows + error.rows, error

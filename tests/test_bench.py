@@ -531,3 +531,79 @@ def test_tune_tiling_a_candidate_raising_while_timed_fails_its_row(dies, dying_c
     assert [(r["ok"], r["error"]) for r in rows] == [(False, f"RuntimeError: {message}")] + [
         (True, None)] * (not dies)
     assert rows[0]["rel_error"] < 1e-6 and math.isnan(rows[0]["ms"])
+
+
+@pytest.mark.parametrize("option", [["--sizes", "abc"], ["--sizes", "4096,0"], ["--jobs", "0"]])
+def test_tune_tiling_bad_sizes_or_jobs_get_a_usage_error(option, capsys):
+    """Sizes and job counts are checked by argparse before anything is built."""
+    tune = load_script("tune_tiling")
+    with pytest.raises(SystemExit) as exit_info:
+        tune.parse_args(["--rung", "warp_tiling", *option])
+    assert exit_info.value.code == 2
+    assert option[0] in capsys.readouterr().err
+
+
+class InProcess:
+    """A ProcessPoolExecutor that runs its work here, where a test's stand-ins apply."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def map(self, fn, *iterables):
+        return map(fn, *iterables)
+
+
+@pytest.fixture
+def tune_without_gpu(monkeypatch):
+    """scripts/tune_tiling.py on a machine with a CUDA build of torch and its toolkit but no
+    GPU: asking for the GPU's capability fails as it does there, and the builds are recorded
+    rather than run."""
+    from torch.utils import cpp_extension
+    tune = load_script("tune_tiling")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "get_device_capability",
+                        lambda device=None: pytest.fail("asked the GPU's capability"))
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(cpp_extension, "CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setattr(tune, "ProcessPoolExecutor", InProcess)
+    monkeypatch.setattr(tune, "build_only", lambda rung, config, root: (
+        tune.built.append(config), tune.tag(config))[1])
+    monkeypatch.setenv("MAX_JOBS", "2")
+    monkeypatch.delenv("TORCH_CUDA_ARCH_LIST", raising=False)
+    tune.built = []
+    return tune
+
+
+def test_tune_tiling_builds_without_a_gpu_for_the_arch_asked_for(tune_without_gpu,
+                                                                  monkeypatch):
+    """--build-only needs no GPU where TORCH_CUDA_ARCH_LIST names the architecture."""
+    monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "9.0a")
+    assert tune_without_gpu.main(["--rung", "warp_tiling", "--build-only"]) == 0
+    assert tune_without_gpu.built == list(tune_without_gpu.RUNGS["warp_tiling"].candidates)
+
+
+@pytest.mark.parametrize("build_only", [True, False])
+def test_tune_tiling_without_a_gpu_says_what_is_missing(build_only, tune_without_gpu, capsys):
+    """Without a GPU, the run says what it lacks before any build: the architecture to build
+    for (--build-only), or a GPU to time on; not an AssertionError from torch."""
+    with pytest.raises(SystemExit) as exit_info:
+        tune_without_gpu.main(["--rung", "warp_tiling"] + ["--build-only"] * build_only)
+    assert exit_info.value.code.startswith("tune_tiling: ")
+    assert ("TORCH_CUDA_ARCH_LIST" if build_only else "needs a CUDA GPU") in exit_info.value.code
+    assert tune_without_gpu.built == []
+
+
+def test_tune_tiling_on_a_cpu_only_torch_says_so(capsys):
+    """With this CPU-only torch, --build-only names what the builds lack."""
+    tune = load_script("tune_tiling")
+    if torch.version.cuda is not None:
+        pytest.skip("torch is a CUDA build")
+    with pytest.raises(SystemExit) as exit_info:
+        tune.main(["--rung", "warp_tiling", "--build-only"])
+    assert "CPU-only build" in exit_info.value.code
