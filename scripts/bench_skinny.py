@@ -40,17 +40,53 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", default="1,8,16,32,64", help="comma-separated token counts M")
-    p.add_argument("--shapes", default="4096x4096,14336x4096,4096x14336",
+    p.add_argument("--m", type=token_counts, default="1,8,16,32,64",
+                   help="comma-separated token counts M")
+    p.add_argument("--shapes", type=weight_shapes, default="4096x4096,14336x4096,4096x14336",
                    help="comma-separated NxK weight shapes")
-    p.add_argument("--dtypes", default="bfloat16,float16", help=f"any of {', '.join(DTYPES)}")
+    p.add_argument("--dtypes", type=dtype_names, default="bfloat16,float16",
+                   help=f"comma-separated, any of {', '.join(DTYPES)}")
     p.add_argument("--algorithms", default=None,
                    help="comma-separated mm_variants algorithms to time (default: auto and every "
                         "skinny rung this GPU lists)")
     p.add_argument("--timing", choices=["flush", "graph"], default="flush",
                    help="single calls after an L2 clear, or back-to-back calls in a CUDA graph")
     p.add_argument("--output", default=None, help="also write the rows as JSON to this file")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.output is not None:
+        bench.check_writable(p, "--output", args.output)
+    return args
+
+
+# argparse types: a bad value is a usage error when parsed, not a traceback once the GPU is up.
+def token_counts(text: str) -> list[int]:
+    """Comma-separated whole numbers of at least 1."""
+    return [bench.positive_int(m) for m in text.split(",")]
+
+
+def weight_shapes(text: str) -> list[tuple[int, int]]:
+    """Comma-separated NxK, each dimension at least 1."""
+    return [weight_shape(shape) for shape in text.split(",")]
+
+
+def weight_shape(text: str) -> tuple[int, int]:
+    dims = text.lower().split("x")
+    try:
+        if len(dims) != 2:
+            raise argparse.ArgumentTypeError("not NxK")
+        return bench.positive_int(dims[0]), bench.positive_int(dims[1])
+    except argparse.ArgumentTypeError as error:  # which shape of the list, and why
+        raise argparse.ArgumentTypeError(f"shape {text!r}: {error}") from None
+
+
+def dtype_names(text: str) -> list[str]:
+    """Comma-separated names from DTYPES."""
+    names = text.split(",")
+    unknown = [name for name in names if name not in DTYPES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown dtype(s) {', '.join(unknown)}; valid: "
+                                         f"{', '.join(DTYPES)}")
+    return names
 
 
 def copies_needed(weight_bytes: int) -> int:
@@ -177,8 +213,6 @@ def main(argv=None) -> int:
     if not (torch.cuda.is_available() and mmv.has_cuda()):
         sys.exit("bench_skinny: needs a GPU and a CUDA build of torch_mm_variants")
     torch.manual_seed(0)
-    ms = [int(m) for m in args.m.split(",")]
-    shapes = [tuple(int(d) for d in s.lower().split("x")) for s in args.shapes.split(",")]
     algorithms = (args.algorithms.split(",") if args.algorithms else
                   ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
     time_us = graph_us if args.timing == "graph" else flush_us
@@ -190,7 +224,7 @@ def main(argv=None) -> int:
           + " | ".join(algorithms) + " | best GB/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | " + "---: | " * len(algorithms) + "---: |")
     rows, ok, lost = [], True, None
-    for dtype_name, m, n, k, weight_bytes, inputs in cases(args.dtypes.split(","), shapes, ms):
+    for dtype_name, m, n, k, weight_bytes, inputs in cases(args.dtypes, args.shapes, args.m):
         try:
             results, baseline = measure(inputs, algorithms, time_us,
                                         bench.TOLERANCE[DTYPES[dtype_name]])

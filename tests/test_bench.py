@@ -607,3 +607,25 @@ def test_tune_tiling_on_a_cpu_only_torch_says_so(capsys):
     with pytest.raises(SystemExit) as exit_info:
         tune.main(["--rung", "warp_tiling", "--build-only"])
     assert "CPU-only build" in exit_info.value.code
+
+
+@pytest.mark.parametrize("option", [["--m", "0"], ["--m", "1,abc"], ["--shapes", "4096x"],
+                                    ["--shapes", "abc"], ["--shapes", "4096x0"],
+                                    ["--dtypes", "int8"], ["--output", "{missing}/rows.json"],
+                                    ["--output", "{tmp}"]])
+def test_bench_skinny_bad_values_get_a_usage_error_without_a_gpu(option, tmp_path, capsys):
+    """Token counts, weight shapes, dtypes and the output file are checked when parsed, before
+    the run looks for a GPU: a usage error here too, not a traceback there."""
+    skinny = load_bench_skinny()
+    option = [arg.format(missing=tmp_path / "missing", tmp=tmp_path) for arg in option]
+    with pytest.raises(SystemExit) as exit_info:
+        skinny.main(option)
+    assert exit_info.value.code == 2
+    assert option[0] in capsys.readouterr().err
+
+
+def test_bench_skinny_parses_its_lists():
+    args = load_bench_skinny().parse_args(["--m", "1,16", "--shapes", "4096X14336,8x16",
+                                           "--dtypes", "float32,bfloat16"])
+    assert (args.m, args.shapes, args.dtypes) == ([1, 16], [(4096, 14336), (8, 16)],
+                                                  ["float32", "bfloat16"])
