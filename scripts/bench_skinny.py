@@ -40,7 +40,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", type=token_counts, default="1,8,16,32,64",
+    p.add_argument("--m", type=bench.positive_ints, default="1,8,16,32,64",
                    help="comma-separated token counts M")
     p.add_argument("--shapes", type=weight_shapes, default="4096x4096,14336x4096,4096x14336",
                    help="comma-separated NxK weight shapes")
@@ -59,11 +59,6 @@ def parse_args(argv=None):
 
 
 # argparse types: a bad value is a usage error when parsed, not a traceback once the GPU is up.
-def token_counts(text: str) -> list[int]:
-    """Comma-separated whole numbers of at least 1."""
-    return [bench.positive_int(m) for m in text.split(",")]
-
-
 def weight_shapes(text: str) -> list[tuple[int, int]]:
     """Comma-separated NxK, each dimension at least 1."""
     return [weight_shape(shape) for shape in text.split(",")]

@@ -136,7 +136,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--rung", choices=sorted(RUNGS), required=True)
     parser.add_argument("--dtype", choices=["float32", "float16", "bfloat16"], default=None,
                         help="float32 for warp_tiling, bfloat16 for tensor_core by default")
-    parser.add_argument("--sizes", type=square_sizes, default="4096",
+    parser.add_argument("--sizes", type=bench.positive_ints, default="4096",
                         help="comma-separated square sizes")
     parser.add_argument("--jobs", type=bench.positive_int, default=os.cpu_count() or 1)
     parser.add_argument("--build-only", action="store_true",
@@ -153,11 +153,6 @@ def parse_args(argv=None) -> argparse.Namespace:
         bench.check_writable(parser, "--output", args.output)
     args.candidates = parse_candidates(parser, args.rung, args.candidates)
     return args
-
-
-def square_sizes(text: str) -> list[int]:
-    """An argparse type: comma-separated sizes of at least 1, refused before the builds."""
-    return [bench.positive_int(size) for size in text.split(",")]
 
 
 def parse_candidates(parser, rung_name: str, text: str | None) -> tuple:

@@ -402,6 +402,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_ints(text: str) -> list[int]:
+    """An argparse type: comma-separated whole numbers of at least 1 (token counts, sizes)."""
+    return [positive_int(item) for item in text.split(",")]
+
+
 def positive_float(text: str) -> float:
     """An argparse type: a number above 0 (seconds)."""
     try:

@@ -252,7 +252,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16" if gpu else "float32", choices=list(bench.DTYPES))
     p.add_argument("--size", default="llama8b" if gpu else "tiny", choices=list(SIZES))
     p.add_argument("--prefill", type=bench.positive_int, default=2048 if gpu else 64)
-    p.add_argument("--decode", type=token_counts, default=[1, 8, 16],
+    p.add_argument("--decode", type=bench.positive_ints, default=[1, 8, 16],
                    help="comma-separated token counts of the decode steps")
     p.add_argument("--algorithm", default="auto", help="auto or one of the device's algorithms")
     p.add_argument("--repeat", type=bench.positive_int, default=10)
@@ -264,11 +264,6 @@ def parse_args(argv=None):
     if args.output is not None:
         bench.check_writable(p, "--output", args.output)
     return args
-
-
-def token_counts(text: str) -> list[int]:
-    """An argparse type: comma-separated whole numbers of at least 1."""
-    return [bench.positive_int(count) for count in text.split(",")]
 
 
 def check_algorithm(p: argparse.ArgumentParser, name: str, device: torch.device) -> None:
