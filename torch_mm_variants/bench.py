@@ -186,10 +186,12 @@ class BesideTorchMm:
     """torch.mm timed right before and right after each algorithm, so that heating and clock
     changes affect both alike: each algorithm is compared with the mean of its two neighbours,
     and torch.mm's own time is the median of all of them. `time_torch_mm` is any no-argument
-    callable that times torch.mm once; the algorithms' callables give the same unit."""
+    callable that times torch.mm once; the algorithms' callables give the same unit. Another
+    baseline (model_bench's original model) gives its name as `baseline`, for its errors."""
 
-    def __init__(self, time_torch_mm):
+    def __init__(self, time_torch_mm, baseline: str = "torch.mm beside it"):
         self.time_torch_mm = time_torch_mm
+        self.baseline = baseline
         self.times: list[float] = []
 
     def time(self, time_algorithm) -> tuple[float, float, str | None]:
@@ -197,8 +199,9 @@ class BesideTorchMm:
         or NaN, NaN and the first line of what one of the three timings raised (a CUDA error,
         do_bench's own failure), for a failed row: the run goes on (see stop_if_context_lost)."""
         timings = []
-        for what, fn in (("torch.mm beside it: ", self.time_torch_mm), ("", time_algorithm),
-                         ("torch.mm beside it: ", self.time_torch_mm)):
+        baseline = f"{self.baseline}: "
+        for what, fn in ((baseline, self.time_torch_mm), ("", time_algorithm),
+                         (baseline, self.time_torch_mm)):
             value, error = attempt(fn)
             if error is not None:
                 return float("nan"), float("nan"), what + error

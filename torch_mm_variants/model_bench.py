@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -174,15 +173,10 @@ def time_beside(models, tokens, device, repeat: int) -> tuple[float, float, str 
     clock changes then affect both alike), ours, and None; or NaN, NaN and the first line of
     what one of the three timings raised, naming the model that raised it."""
     reference_model, our_model = models
-    timings = []
-    for label, model in (("original model: ", reference_model), ("", our_model),
-                         ("original model: ", reference_model)):
-        ms, error = bench.attempt(lambda: time_step(model, tokens, device, repeat))
-        if error is not None:
-            return NAN, NAN, label + error
-        timings.append(ms)
-    before, ms, after = timings
-    return statistics.mean([before, after]), ms, None
+    beside = bench.BesideTorchMm(lambda: time_step(reference_model, tokens, device, repeat),
+                                 baseline="original model")
+    ms, reference_ms, error = beside.time(lambda: time_step(our_model, tokens, device, repeat))
+    return reference_ms, ms, error
 
 
 def measure_step(models, exact, tokens, device, args, tolerance: float) -> dict:

@@ -28,9 +28,8 @@ def check_tensor(function: str, name: str, position: int, value) -> None:
     torch.mm's words, before the wrapper reads it or the op answers with a RuntimeError. Objects
     that override torch functions (__torch_function__) pass, as torch's own functions let them.
 
-    A nested tensor is refused by name too (RuntimeError, as the ops refuse other layouts): a
-    jagged one would reach the ops only to fail in its own dispatch as "NotImplementedError:
-    mm_variants.linear.default", and a strided one's sizes cannot be read on the way."""
+    A nested tensor is refused by name too (RuntimeError, as the ops refuse it), here with the
+    argument's position and layout, before the wrapper reads sizes a strided one does not have."""
     if not isinstance(value, torch.Tensor):
         if not hasattr(type(value), "__torch_function__"):
             raise TypeError(f"{function}(): argument '{name}' (position {position}) must be "

@@ -310,8 +310,8 @@ at::Tensor linear_tangent(const at::Tensor& x_dual, const at::Tensor& weight_dua
 // strided nested tensor does not have: otherwise PyTorch's "NestedTensorImpl doesn't support
 // sizes" answers, not the op's refusal.
 at::Tensor matmul_autograd(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  check_strided("mm_variants::matmul", "a", a);
-  check_strided("mm_variants::matmul", "b", b);
+  check_strided(kMatmulOp, "a", a);
+  check_strided(kMatmulOp, "b", b);
   return product_autograd<MatmulFunction>(matmul_op, a, b, algorithm);
 }
 
