@@ -20,7 +20,8 @@ def raises(match):
 def test_not_a_matrix():
     with raises(r"a must be a matrix, got a 3-D tensor"):  # the op; the wrapper batches 3-D
         torch.ops.mm_variants.matmul(torch.randn(2, 3, 4), torch.randn(4, 5))
-    with raises(r"a must be a matrix, got a 4-D tensor"):
+    with raises(r"torch_mm_variants.matmul: a must be a matrix \[M, K\] or a batch of matrices "
+                r"\[B, M, K\], got a 4-D tensor"):
         mmv.matmul(torch.randn(2, 2, 3, 4), torch.randn(4, 5))
     with raises(r"b must be a matrix, got a 1-D tensor"):
         mmv.matmul(torch.randn(2, 3), torch.randn(3))

@@ -10,7 +10,7 @@ import torch
 
 from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
 from . import ops  # noqa: F401  (registers the fake kernels; the gradients are C++'s)
-from .nn import Linear, check_tensor, swap_linear
+from .nn import Linear, check_matmul_operand, check_tensor, swap_linear
 from .version import __version__
 from .tuning import explain_auto, set_autotune
 
@@ -30,6 +30,7 @@ def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.T
     """
     check_tensor("torch_mm_variants.matmul", "a", 1, a)
     check_tensor("torch_mm_variants.matmul", "b", 2, b)
+    check_matmul_operand("torch_mm_variants.matmul", a)
     if a.dim() == 3:
         return torch.ops.mm_variants.bmm(a, b, algorithm)
     return torch.ops.mm_variants.matmul(a, b, algorithm)

@@ -40,6 +40,14 @@ def check_tensor(function: str, name: str, position: int, value) -> None:
                            "(multiply its unbind()'s tensors one by one)")
 
 
+def check_matmul_operand(function: str, a) -> None:
+    """Refuses an `a` that torch_mm_variants.matmul can take neither as a matrix [M, K] nor as a
+    batch [B, M, K], naming both, where the op it would reach names the matrix only."""
+    if isinstance(a, torch.Tensor) and a.dim() not in (2, 3):
+        raise RuntimeError(f"{function}: a must be a matrix [M, K] or a batch of matrices "
+                           f"[B, M, K], got a {a.dim()}-D tensor")
+
+
 def check_activation(name: str) -> str:
     """`name`, if mm_variants::linear applies it; otherwise a ValueError that lists the valid
     names."""

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from . import _C
+from .nn import check_matmul_operand
 from .version import __version__
 
 AUTOTUNE_ON = ("1", "true", "yes", "on")
@@ -84,6 +85,7 @@ def set_autotune(enabled: bool = True) -> None:
 def explain_auto(a: torch.Tensor, b: torch.Tensor) -> dict:
     """What algorithm="auto" runs for these inputs, and why:
     {"algorithm": ..., "reason": "heuristic" | "measured" | "cached", "bucket": ...}."""
+    check_matmul_operand("torch_mm_variants.matmul", a)  # explain_auto speaks for matmul
     algorithm, reason, bucket = _C.explain_auto(a, b)
     return {"algorithm": algorithm, "reason": reason, "bucket": bucket}
 

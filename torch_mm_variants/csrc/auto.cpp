@@ -293,7 +293,8 @@ void check_auto_dtype(const char* op, c10::Device device, c10::ScalarType dtype)
                       device, dtype);
 }
 
-AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* op) {
+AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* op,
+                         bool with_bucket) {
   const auto candidates = eligible(a, b);
   check_has_candidate(op, !candidates.empty(), a.device(), a.scalar_type());
   AutoDecision heuristic{heuristic_choice(candidates, a, b), "heuristic", ""};
@@ -304,6 +305,7 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* o
   const std::lock_guard<std::mutex> lock(s.mutex);
   const auto tuner = s.tuners.find(a.device().type());
   if (tuner == s.tuners.end()) return heuristic;
+  if (!with_bucket && s.entries.empty() && !autotune_flag().load()) return heuristic;
   heuristic.bucket = bucket_key(a, b, tuner->second.device_name(a.device()));
   // An empty product launches no kernel: nothing to measure (a GPU kernel cannot even be launched
   // on it), and its time would be filed under the bucket of real one-row calls.

@@ -22,15 +22,18 @@ struct AutoDecision {
   std::string bucket;  // the cache key: device, dtype, layouts and shape bucket
 };
 
-// `op` names the op in the refusal of a dtype that no candidate takes.
-AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* op = kMatmulOp);
+// `op` names the op in the refusal of a dtype that no candidate takes. `with_bucket` fills in
+// the bucket even where nothing reads it (no cached choices, no measuring), for explain_auto;
+// the ops' own calls skip building that key then.
+AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* op = kMatmulOp,
+                         bool with_bucket = true);
 
 // decide_auto's refusal of a dtype that no candidate on `device` takes, before any sizes are
 // known (the fake kernels run it through check_dtype_and_algorithm).
 void check_auto_dtype(const char* op, c10::Device device, c10::ScalarType dtype);
 
 inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b, const char* op) {
-  return *decide_auto(a, b, op).algorithm;
+  return *decide_auto(a, b, op, /*with_bucket=*/false).algorithm;
 }
 
 void set_autotune(bool enabled);
