@@ -1,4 +1,5 @@
-"""The op in models and compilers: autograd, opcheck, torch.compile, Linear and swap_linear."""
+"""The op in models and compilers: autograd, opcheck, torch.compile, torch.export and AOTInductor,
+Linear and swap_linear."""
 from __future__ import annotations
 
 import warnings
@@ -372,6 +373,42 @@ def test_compiled_linear_backward_does_not_recompile_for_new_sizes(device):
         layer(x_eager).sum().backward()
         assert relative_error(x.grad, x_eager.grad.double()) < 1e-5
     assert counter.frame_count == 1
+
+
+def exported_model(device):
+    """A swapped TwoLayer exported with a dynamic batch dimension, and an input for it."""
+    model = mmv.swap_linear(TwoLayer()).to(device).eval()
+    x = torch.randn(2, 5, 16, device=device)
+    batch = torch.export.Dim("batch")
+    return model, torch.export.export(model, (x,), dynamic_shapes={"x": {1: batch}})
+
+
+@pytest.mark.parametrize("device", devices())
+def test_torch_export_keeps_the_ops_and_round_trips(device, tmp_path):
+    """torch.export records mm_variants' ops (not a decomposition into aten's), and the saved
+    program, loaded again, computes the eager model's output for batch sizes it was not traced
+    with."""
+    model, program = exported_model(device)
+    called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert "mm_variants.linear.default" in called
+    torch.export.save(program, tmp_path / "model.pt2")
+    loaded = torch.export.load(tmp_path / "model.pt2").module()
+    for batch in (3, 8):
+        x = torch.randn(2, batch, 16, device=device)
+        assert relative_error(loaded(x), model(x).double()) < 1e-6
+
+
+@pytest.mark.parametrize("device", devices())
+def test_aot_inductor_package_runs_the_ops(device, tmp_path):
+    """An AOTInductor package of the exported model (compiled ahead of time, the ops called
+    from its C++ wrapper) computes the eager model's output for new batch sizes."""
+    model, program = exported_model(device)
+    path = torch._inductor.aoti_compile_and_package(program,
+                                                    package_path=str(tmp_path / "model.pt2"))
+    runner = torch._inductor.aoti_load_package(path)
+    for batch in (3, 8):
+        x = torch.randn(2, batch, 16, device=device)
+        assert relative_error(runner(x), model(x).double()) < 1e-6
 
 
 def test_linear_matches_nn_linear():
