@@ -375,6 +375,28 @@ def test_compiled_linear_backward_does_not_recompile_for_new_sizes(device):
     assert counter.frame_count == 1
 
 
+@pytest.mark.skipif(not gpu_available(), reason="CUDA graphs need a GPU")
+def test_compile_reduce_overhead_replays_cuda_graphs():
+    """mode="reduce-overhead" records the compiled model, ops included, in CUDA graphs and
+    replays them: each replay computes from the new input, and the model's output matches eager
+    mode at every step."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = mmv.swap_linear(TwoLayer()).to("cuda", torch.bfloat16).eval()
+    compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
+    def step():
+        x = torch.randn(4, 7, 16, device="cuda", dtype=torch.bfloat16)
+        return relative_error(compiled(x).clone(), model(x).double())
+
+    with torch.no_grad():
+        for warm_up in range(3):  # the first calls run eagerly and record the graph
+            assert step() < 2e-2, warm_up
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            assert step() < 2e-2
+    assert any(event.name == "cudaGraphLaunch" for event in prof.events()), "no graph replayed"
+
+
 def exported_model(device):
     """A swapped TwoLayer exported with a dynamic batch dimension, and an input for it."""
     model = mmv.swap_linear(TwoLayer()).to(device).eval()
