@@ -23,6 +23,13 @@ TOLERANCE = {torch.float64: 1e-12, torch.float32: 1e-5, torch.float16: 1e-2, tor
 TF32_TOLERANCE = 5e-3
 
 
+def child_env(**variables) -> dict:
+    """This environment, with these variables, in which a child process imports this package."""
+    package_root = os.path.dirname(os.path.dirname(mmv.__file__))
+    path = os.pathsep.join(p for p in [package_root, os.environ.get("PYTHONPATH")] if p)
+    return {**os.environ, "PYTHONPATH": path, **variables}
+
+
 def gpu_available() -> bool:
     return mmv.has_cuda() and torch.cuda.is_available()
 

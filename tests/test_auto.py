@@ -15,7 +15,7 @@ import torch
 
 import torch_mm_variants as mmv
 from torch_mm_variants import tuning
-from conftest import assert_matches_reference, capture_graph, gpu_available
+from conftest import assert_matches_reference, capture_graph, child_env, gpu_available
 
 # Measures the buckets M = 2^process, K = 2^k for k < buckets. Each process says it has imported
 # torch (the slow part), then waits for the start file, so that all of them save at once.
@@ -29,13 +29,6 @@ for k in range(buckets):
     a, b = torch.randn(2**process, 2**k), torch.randn(2**k, 1)
     assert mmv.explain_auto(a, b)["reason"] == "measured"
 """
-
-
-def child_env(**variables) -> dict:
-    """This environment, with these variables, in which a child process imports this package."""
-    package_root = os.path.dirname(os.path.dirname(mmv.__file__))
-    path = os.pathsep.join(p for p in [package_root, os.environ.get("PYTHONPATH")] if p)
-    return {**os.environ, "PYTHONPATH": path, **variables}
 
 
 def wait_for(paths, timeout_s=120):
