@@ -424,8 +424,8 @@ def test_torch_export_keeps_the_ops_and_round_trips(device, tmp_path):
 
 # Exports a small MLP (swapped for ours or not), packages it with AOTInductor, loads the package
 # and checks it against the model at two new batch sizes. Run in a child process: a torch whose
-# AOTInductor cannot load packages on this machine crashes it, as torch 2.11's did in a GPU
-# container whatever the model held.
+# AOTInductor cannot load packages on a machine crashes there, as torch 2.11's did on an H100
+# machine whatever the model held.
 AOT_INDUCTOR_CHILD = """
 import sys, torch
 from torch import nn
