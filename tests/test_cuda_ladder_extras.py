@@ -1,7 +1,7 @@
 """CUDA-specific behaviour of every CUDA algorithm (the correctness sweep over sizes and layouts is
 test_matmul.py): storage offsets that break 16-byte alignment, work on a side stream, CUDA graph
-capture and replay, inputs on a device that is not the current one, and operands of more than
-2^31 elements (64-bit index math). The algorithms come from the registry, so every rung is
+capture and replay, inputs on a device that is not the current one, and operands and outputs of
+more than 2^31 elements (64-bit index math). The algorithms come from the registry, so every rung is
 covered, later ones included."""
 from __future__ import annotations
 
@@ -54,15 +54,19 @@ def runnable(algorithm: str, dtype: torch.dtype, device: str = "cuda"):
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
-def matmul_if_accepted(a: torch.Tensor, b: torch.Tensor, algorithm: str):
-    """The op's result, or None when the algorithm refuses these inputs by design (a rung made for
+def if_accepted(run):
+    """run()'s result, or None when its algorithm refuses these inputs by design (a rung made for
     few rows of a, say); test_errors.py covers the refusals themselves."""
     try:
-        return mmv.matmul(a, b, algorithm)
+        return run()
     except RuntimeError as error:
         if "cannot take these inputs" in str(error):
             return None
         raise
+
+
+def matmul_if_accepted(a: torch.Tensor, b: torch.Tensor, algorithm: str):
+    return if_accepted(lambda: mmv.matmul(a, b, algorithm))
 
 
 def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance: float) -> None:
@@ -184,20 +188,28 @@ def test_inputs_on_another_device(algorithm, dtype):
         assert ran > 0, f"{algorithm} refused every shape"
 
 
-LARGE = 2 ** 23 + 64  # with SMALL_K = 256, a 16-bit operand of just over 2^31 elements (4.3 GB)
+def skip_unless_free(needed_bytes: int) -> None:
+    """Skips a test whose tensors would not fit the GPU's free memory (its test lock keeps the
+    other tests of several GB away, so this depends on the GPU alone)."""
+    free, _ = torch.cuda.mem_get_info()
+    if free < needed_bytes:
+        pytest.skip(f"needs {needed_bytes / 2 ** 30:.1f} GB of free GPU memory, "
+                    f"{free / 2 ** 30:.1f} GB free")
+
+
+LARGE = 2 ** 23 + 64  # with SMALL_K = 256, an operand of just over 2^31 elements (4.3-8.6 GB)
 SMALL_K = 256
 
 
+@pytest.mark.usefixtures("one_large_test_at_a_time")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("operand", ["a-row", "a-col", "b-row", "b-col"])
-def test_operand_past_2_31_elements(operand):
+def test_operand_past_2_31_elements(operand, dtype):
     """One operand of LARGE x 256 (or 256 x LARGE) elements in each layout, so that row * ld or
     k * ld passes 2^31: 32-bit index math would read the wrong rows. The rows past the 2^31st
     element are checked against float64."""
-    free, _ = torch.cuda.mem_get_info()
-    if free < 12 * 2 ** 30:
-        pytest.skip("needs 12 GB of free GPU memory")
+    skip_unless_free(2 * LARGE * SMALL_K * dtype.itemsize)
     torch.manual_seed(0)
-    dtype = torch.bfloat16
     big = torch.randn(LARGE * SMALL_K, device="cuda", dtype=dtype)
     small = torch.randn(8 * SMALL_K, device="cuda", dtype=dtype)
     row_major = operand.endswith("row")
@@ -209,7 +221,7 @@ def test_operand_past_2_31_elements(operand):
         b = big.view(SMALL_K, LARGE) if row_major else big.view(LARGE, SMALL_K).t()
     # The last 256 rows or columns of the large dimension lie past element 2^31.
     tail = slice(LARGE - 256, LARGE)
-    for algorithm in mmv.algorithms("cuda"):
+    for algorithm in ["auto", *algorithms_taking(dtype)]:
         with runnable(algorithm, dtype) as tolerance:
             out = matmul_if_accepted(a, b, algorithm)
             if out is None:
@@ -219,3 +231,56 @@ def test_operand_past_2_31_elements(operand):
             else:
                 check(out[:, tail], a, b[:, tail], tolerance)
             del out
+
+
+def algorithms_taking(dtype: torch.dtype) -> list[str]:
+    return [name for name in cuda_algorithms() if dtype in
+            [DTYPE_BY_C10_NAME[t] for t in mmv._C.algorithm_dtypes("cuda", name)]]
+
+
+# An output of 65539 x 32773 = 2,147,942,415 elements: its last rows lie past element 2^31.
+BIG_M, BIG_N, BIG_K = 2 ** 16 + 3, 2 ** 15 + 5, 40
+
+
+def check_corners(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance: float,
+                  bias=None) -> None:
+    """Every element written (the output was poisoned with NaN), and the four corner blocks of
+    64 x 64, the last of them past element 2^31, within `tolerance` of float64."""
+    assert not torch.isnan(out).any().item(), "unwritten (NaN-poisoned) or NaN elements"
+    first, last = slice(0, 64), slice(-64, None)
+    for rows in (first, last):
+        for cols in (first, last):
+            ref = a[rows].double() @ b[:, cols].double()
+            if bias is not None:
+                ref += bias[cols].double()
+            err = relative_error(out[rows, cols], ref)
+            assert err <= tolerance, f"relative error {err:.3e} > {tolerance:.0e}"
+
+
+@pytest.mark.usefixtures("one_large_test_at_a_time")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("op", ["matmul", "linear", "bmm"])
+def test_output_past_2_31_elements(op, dtype):
+    """An output of more than 2^31 elements, from matmul, from linear (whose bias some kernels
+    add in their store) and from the last entry of a bmm batch (which some kernels take in one
+    launch): every store past element 2^31 must land where it belongs."""
+    skip_unless_free(BIG_M * BIG_N * (dtype.itemsize + 1) + 2 ** 30)  # the output and its NaN mask
+    torch.manual_seed(0)
+    a = torch.randn(BIG_M, BIG_K, device="cuda", dtype=dtype)
+    w = torch.randn(BIG_N, BIG_K, device="cuda", dtype=dtype)
+    bias = torch.randn(BIG_N, device="cuda", dtype=dtype) if op == "linear" else None
+    batch = torch.stack([torch.randn_like(a[:2 ** 15]), a[:2 ** 15]]) if op == "bmm" else None
+    for algorithm in ["auto", *algorithms_taking(dtype)]:
+        with runnable(algorithm, dtype) as tolerance:
+            if op == "bmm":  # 2 x 32768 x 32773: its second entry ends past element 2^31
+                out = matmul_if_accepted(batch, w.t(), algorithm)
+                entry = None if out is None else out[1]
+                a_entry = batch[1]
+            else:
+                out = entry = if_accepted(lambda: mmv.linear(a, w, bias, algorithm=algorithm)
+                                          if op == "linear" else mmv.matmul(a, w.t(), algorithm))
+                a_entry = a
+            if entry is not None:
+                check_corners(entry, a_entry, w.t(), tolerance, bias)
+            out = entry = None
+            torch.cuda.empty_cache()
