@@ -6,13 +6,16 @@ covered, later ones included."""
 from __future__ import annotations
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE, capture_graph, gpu_available,
-                      on_side_stream, relative_error)
+from conftest import (DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE, capture_graph, child_env,
+                      gpu_available, on_side_stream, relative_error)
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and a CUDA build")
 
@@ -119,6 +122,64 @@ def test_side_stream(algorithm):
             return mmv.matmul(a, b, algorithm)
 
         check(on_side_stream(held_back_matmul), new_a, b, tolerance)
+
+
+# Eight threads, each on its own stream, make the first calls of every CUDA algorithm (and auto)
+# of a fresh process at once, in each dtype it takes: the per-kernel and per-device setup done on
+# a first call (shared-memory attributes, device properties, occupancy, the TMA encoder) is raced.
+CONCURRENT_FIRST_CALLS = """
+import sys, threading, torch, torch_mm_variants as mmv
+sys.path.insert(0, sys.argv[1])
+from conftest import DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE
+mmv._C.set_poison_outputs(True)  # every output starts as NaN: an unwritten element shows
+torch.backends.cuda.matmul.allow_tf32 = True  # the tensor-core rungs take float32 in TF32
+tolerance = {**TOLERANCE, torch.float32: TF32_TOLERANCE}
+work = [("auto", t) for t in (torch.float32, torch.bfloat16)] + [
+    (name, DTYPE_BY_C10_NAME[t]) for name in mmv.algorithms("cuda")
+    for t in mmv._C.algorithm_dtypes("cuda", name)]
+problems, ran = [], []
+start = threading.Barrier(8)
+
+def worker(seed):
+    stream = torch.cuda.Stream()
+    torch.manual_seed(seed)
+    start.wait()
+    with torch.cuda.stream(stream):
+        for algorithm, dtype in work:
+            for m, n, k in ((8, 512, 512), (300, 257, 129)):
+                a = torch.randn(m, k, device="cuda").to(dtype)
+                b = torch.randn(n, k, device="cuda").to(dtype).t()
+                try:
+                    out = mmv.matmul(a, b, algorithm)
+                except RuntimeError as error:
+                    if "cannot take these inputs" in str(error):
+                        continue
+                    problems.append(f"{algorithm} {dtype} {m}x{n}x{k}: {error}")
+                    continue
+                ref = a.double() @ b.double()
+                err = ((out.double() - ref).norm() / ref.norm()).item()
+                if not err <= tolerance[dtype]:
+                    problems.append(f"{algorithm} {dtype} {m}x{n}x{k}: relative error {err:.2e}")
+                ran.append(algorithm)
+    stream.synchronize()
+
+threads = [threading.Thread(target=worker, args=(seed,)) for seed in range(8)]
+for thread in threads:
+    thread.start()
+for thread in threads:
+    thread.join()
+assert not problems, "\\n".join(problems)
+assert set(ran) == {name for name, _ in work}, sorted({name for name, _ in work} - set(ran))
+print(len(ran))
+"""
+
+
+def test_concurrent_first_calls_from_threads():
+    tests = os.path.dirname(os.path.abspath(__file__))
+    child = subprocess.run([sys.executable, "-c", CONCURRENT_FIRST_CALLS, tests], env=child_env(),
+                           capture_output=True, text=True, timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    assert int(child.stdout.split()[-1]) > 0
 
 
 @pytest.mark.parametrize("algorithm,dtype", cuda_algorithm_dtypes())
