@@ -19,6 +19,9 @@ of timing (--timing):
   to memory, which costs every kernel alike.
 - graph: calls back to back in a CUDA graph, as decode runs in serving engines that capture it;
   the median over replays of the time per call.
+- eager: calls back to back from Python, as an eager decode loop makes them; the median over
+  repeats of the wall time per call, the host's dispatch and launch included (where those take
+  longer than the kernel, the host's rate is what shows).
 """
 from __future__ import annotations
 
@@ -27,6 +30,7 @@ import math
 import os
 import statistics
 import sys
+import time
 
 import torch
 
@@ -49,8 +53,9 @@ def parse_args(argv=None):
     p.add_argument("--algorithms", default=None,
                    help="comma-separated mm_variants algorithms to time (default: auto and every "
                         "skinny rung this GPU lists)")
-    p.add_argument("--timing", choices=["flush", "graph"], default="flush",
-                   help="single calls after an L2 clear, or back-to-back calls in a CUDA graph")
+    p.add_argument("--timing", choices=TIMINGS, default="flush",
+                   help="single calls after an L2 clear, back-to-back calls in a CUDA graph, or "
+                        "back-to-back calls from Python (eager)")
     p.add_argument("--output", default=None, help="also write the rows as JSON to this file")
     args = p.parse_args(argv)
     if args.output is not None:
@@ -125,6 +130,26 @@ def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
         end.synchronize()
         times.append(1e3 * start.elapsed_time(end) / calls)
     return statistics.median(times)
+
+
+def eager_us(fn, inputs, calls: int = 48, repeats: int = 15) -> float:
+    """Per call, of `calls` calls over the rotated inputs issued from Python without waiting for
+    the GPU in between: wall time from an idle GPU until the last call's work is done."""
+    sequence = [inputs[i % len(inputs)] for i in range(calls)]
+    for x, w in sequence[:len(inputs)]:  # first calls (shared-memory opt-ins) untimed
+        fn(x, w.t())
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for x, w in sequence:
+            fn(x, w.t())
+        torch.cuda.synchronize()
+        times.append(1e6 * (time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+TIMINGS = ("flush", "graph", "eager")
 
 
 def measure(inputs, algorithms, time_us, tolerance: float):
@@ -210,7 +235,7 @@ def main(argv=None) -> int:
     torch.manual_seed(0)
     algorithms = (args.algorithms.split(",") if args.algorithms else
                   ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
-    time_us = graph_us if args.timing == "graph" else flush_us
+    time_us = {"flush": flush_us, "graph": graph_us, "eager": eager_us}[args.timing]
     gpu = torch.cuda.get_device_name()  # in every row too: the data names its GPU
     print(f"# {', '.join(algorithms)} vs torch.mm on {gpu}, "
           f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]; us (speed-up over torch.mm), "

@@ -355,6 +355,25 @@ def test_bench_skinny_times_torch_mm_beside_each_algorithm_and_skips_refusals(mo
     assert baseline == 3.5  # the median of 1, 3, 4 and 6
 
 
+def test_bench_skinny_eager_timing_rotates_the_weights_and_waits_for_the_gpu(monkeypatch):
+    """--timing eager: the calls rotate over the weight copies, each timed repeat starts from an
+    idle GPU and ends when its work is done, and the time is per call (CPU tensors here, the
+    clock and the synchronizations counted)."""
+    skinny = load_bench_skinny()
+    events, clock = [], iter(range(0, 10 ** 6, 96))  # each repeat's 48 calls take 96 "seconds"
+    monkeypatch.setattr(skinny.torch.cuda, "synchronize", lambda: events.append("sync"))
+    monkeypatch.setattr(skinny.time, "perf_counter", lambda: next(clock))
+    inputs = [(torch.randn(2, 8), torch.randn(3, 8)) for _ in range(3)]
+
+    def fn(x, w_t):
+        events.append(next(i for i, (_, w) in enumerate(inputs) if w_t._base is w))
+
+    assert skinny.eager_us(fn, inputs, calls=48, repeats=4) == 2e6  # 96 s / 48 calls, in us
+    assert events[:3] == [0, 1, 2]  # the untimed first calls
+    repeat = ["sync"] + [i % 3 for i in range(48)] + ["sync"]
+    assert events[3:] == repeat * 4
+
+
 def test_bench_skinny_reports_a_raising_kernel_and_goes_on(monkeypatch):
     """scripts/bench_skinny.py: an algorithm that raises where algorithm_accepts took the inputs
     gives a failed result with the error's message, is not timed, and the next is measured."""
