@@ -399,20 +399,14 @@ def test_compile_reduce_overhead_replays_cuda_graphs():
     assert any(event.name == "cudaGraphLaunch" for event in prof.events()), "no graph replayed"
 
 
-def exported_model(device):
-    """A swapped TwoLayer exported with a dynamic batch dimension, and an input for it."""
-    model = mmv.swap_linear(TwoLayer()).to(device).eval()
-    x = torch.randn(2, 5, 16, device=device)
-    batch = torch.export.Dim("batch")
-    return model, torch.export.export(model, (x,), dynamic_shapes={"x": {1: batch}})
-
-
 @pytest.mark.parametrize("device", devices())
 def test_torch_export_keeps_the_ops_and_round_trips(device, tmp_path):
     """torch.export records mm_variants' ops (not a decomposition into aten's), and the saved
     program, loaded again, computes the eager model's output for batch sizes it was not traced
     with."""
-    model, program = exported_model(device)
+    model = mmv.swap_linear(TwoLayer()).to(device).eval()
+    x = torch.randn(2, 5, 16, device=device)
+    program = torch.export.export(model, (x,), dynamic_shapes={"x": {1: torch.export.Dim("batch")}})
     called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
     assert "mm_variants.linear.default" in called
     torch.export.save(program, tmp_path / "model.pt2")
