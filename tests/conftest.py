@@ -3,7 +3,6 @@ reference, tolerances, and output poisoning."""
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -237,7 +236,13 @@ def capture_graph(work, stream=None):
 @pytest.fixture
 def one_large_test_at_a_time(tmp_path_factory):
     """Runs the tests that use it one at a time across pytest-xdist's workers (whose temporary
-    folders share a parent), so that their products of several GB never meet in GPU memory."""
+    folders share a parent), so that their products of several GB never meet in GPU memory.
+    Where there is no fcntl (Windows), they are not serialized."""
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
     with open(tmp_path_factory.getbasetemp().parent / "large_tests.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         yield
