@@ -66,8 +66,9 @@ def algorithm_dtype_params(with_auto: bool = False) -> list:
             for d, name, t in params]
 
 
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    scale = ref.norm().item()
+def relative_error(out: torch.Tensor, ref: torch.Tensor, scale: float | None = None) -> float:
+    """||out - ref|| / scale, by default ||ref||."""
+    scale = ref.norm().item() if scale is None else scale
     diff = (out.double() - ref).norm().item()
     return diff / scale if scale > 0 else diff
 
@@ -129,13 +130,13 @@ def run_checked(a, b, algorithm):
     return run_accepted(algorithm, a, b, lambda: mmv.matmul(a, b, algorithm))
 
 
-def assert_result(out, ref, dtype, device, tolerance):
+def assert_result(out, ref, dtype, device, tolerance, scale=None):
     """A fresh contiguous output of the inputs' dtype and device, every element written, within
-    `tolerance` of the float64 reference by relative error."""
+    `tolerance` of the float64 reference by relative error (relative to `scale` where given)."""
     assert out.shape == ref.shape and out.dtype == dtype and out.device == device
     assert out.is_contiguous()
     assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN elements in the output"
-    err = relative_error(out, ref)
+    err = relative_error(out, ref, scale)
     assert err <= tolerance, f"relative error {err:.3e} > {tolerance:.0e}"
 
 
