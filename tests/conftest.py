@@ -55,15 +55,42 @@ def algorithm_params() -> list:
     return [pytest.param(d, name, id=f"{d}-{name}") for d in devices() for name in mmv.algorithms(d)]
 
 
-def algorithm_dtype_params(with_auto: bool = False) -> list:
-    """(device, algorithm, dtype) for every registered algorithm and each dtype it takes; with
-    `with_auto`, also "auto" with each dtype that some algorithm of the device takes."""
-    params = [(d, name, t) for d in devices() for name in mmv.algorithms(d)
-              for t in mmv._C.algorithm_dtypes(d, name)]
+def dtype_params(rungs, with_auto: bool = False) -> list:
+    """(device, algorithm, dtype) for each (device, algorithm) of `rungs` and each dtype it takes;
+    with `with_auto`, also "auto" with each dtype that one of them takes on its device. float32
+    on a GPU comes twice: as PyTorch runs it by default (TF32 off: the tensor-core rungs run it in
+    3xTF32) and, marked `tf32`, with TF32 allowed (tf32_mode), where they run it in TF32."""
+    params = [(d, name, t) for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
     if with_auto:
         params += [(d, "auto", t) for d, t in dict.fromkeys((d, t) for d, _, t in params)]
-    return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
-            for d, name, t in params]
+    plain = [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
+             for d, name, t in params]
+    tf32 = [pytest.param(d, name, torch.float32, id=f"{d}-{name}-Float-tf32",
+                         marks=pytest.mark.tf32)
+            for d, name, t in params if d.startswith("cuda") and t == "Float"]
+    return plain + tf32
+
+
+def algorithm_dtype_params(with_auto: bool = False) -> list:
+    """dtype_params for every registered algorithm of every device."""
+    return dtype_params([(d, name) for d in devices() for name in mmv.algorithms(d)], with_auto)
+
+
+@pytest.fixture(autouse=True)
+def tf32_mode(request):
+    """A test marked `tf32` runs with torch.backends.cuda.matmul.allow_tf32 on."""
+    if request.node.get_closest_marker("tf32") is None:
+        yield
+        return
+    with tf32_allowed():
+        yield
+
+
+def tolerance_for(dtype: torch.dtype, device) -> float:
+    """The relative error allowed for a product in `dtype` on `device`: TF32's for float32 on a
+    GPU while TF32 is allowed (the tensor-core rungs then use it), else the dtype's."""
+    tf32 = torch.backends.cuda.matmul.allow_tf32 and torch.device(device).type == "cuda"
+    return TF32_TOLERANCE if dtype == torch.float32 and tf32 else TOLERANCE[dtype]
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor, scale: float | None = None) -> float:
@@ -107,21 +134,13 @@ def tf32_allowed():
 
 
 def run_accepted(algorithm, a, b, run):
-    """Calls run() and returns (its output, tolerance), or None when `algorithm` refuses inputs
-    like the 2-D product a @ b by design (e.g. a skinny kernel given many rows), after checking
-    that run() refuses them with the algorithm's reason. A float32 tensor-core rung refused for
-    TF32 being off (checked) runs with TF32 allowed, under TF32's looser tolerance."""
-    if algorithm == "auto":
-        return run(), TOLERANCE[a.dtype]
-    accepted, why = mmv._C.algorithm_accepts(algorithm, a, b)
-    if accepted:
-        return run(), TOLERANCE[a.dtype]
-    with pytest.raises(RuntimeError, match=re.escape(why)):
+    """Calls run() and returns (its output, the tolerance for a's dtype and device), or None when
+    `algorithm` refuses inputs like the 2-D product a @ b by design (e.g. a skinny kernel given
+    many rows), after checking that run() refuses them with the algorithm's reason."""
+    if algorithm == "auto" or mmv._C.algorithm_accepts(algorithm, a, b)[0]:
+        return run(), tolerance_for(a.dtype, a.device)
+    with pytest.raises(RuntimeError, match=re.escape(mmv._C.algorithm_accepts(algorithm, a, b)[1])):
         run()
-    if a.dtype == torch.float32 and "allow_tf32" in why:
-        with tf32_allowed():
-            if mmv._C.algorithm_accepts(algorithm, a, b)[0]:
-                return run(), TF32_TOLERANCE
     return None
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, TOLERANCE, algorithm_dtype_params,
+from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
                       assert_gradients_match, assert_result, devices,
                       random_matrix, relative_error, run_accepted)
 
@@ -42,8 +42,7 @@ def batched_params() -> list:
     as a check of the same inputs."""
     rungs = [("cpu", "parallel")] + [(d, name) for d in devices() for name in mmv.algorithms(d)
                                      if mmv._C.algorithm_runs_batches(d, name)]
-    return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
-            for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
+    return dtype_params(rungs)
 
 
 def batch_operand(batch, rows, cols, dtype, device, layout):

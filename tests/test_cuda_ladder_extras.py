@@ -5,7 +5,6 @@ more than 2^31 elements (64-bit index math). The algorithms come from the regist
 covered, later ones included."""
 from __future__ import annotations
 
-import contextlib
 import os
 import subprocess
 import sys
@@ -14,17 +13,19 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE, capture_graph, child_env,
-                      gpu_available, on_side_stream, relative_error)
+from conftest import (DTYPE_BY_C10_NAME, capture_graph, child_env, dtype_params, gpu_available,
+                      on_side_stream, relative_error, tolerance_for)
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and a CUDA build")
 
 
 def cuda_algorithm_dtypes(device: str = "cuda") -> list:
+    """(algorithm, dtype) for the device's algorithms, as dtype_params gives them."""
     if not gpu_available():
         return []
-    return [pytest.param(name, DTYPE_BY_C10_NAME[t], id=f"{name}-{t}")
-            for name in mmv.algorithms(device) for t in mmv._C.algorithm_dtypes(device, name)]
+    params = dtype_params([(device, name) for name in mmv.algorithms(device)])
+    return [pytest.param(*p.values[1:], id=p.id.removeprefix(f"{device}-"), marks=p.marks)
+            for p in params]
 
 
 def cuda_algorithms() -> list[str]:
@@ -35,26 +36,6 @@ def a_dtype_of(algorithm: str, device: str = "cuda") -> torch.dtype:
     """float32 where the algorithm takes it, else the first dtype it lists (16-bit-only rungs)."""
     dtypes = [DTYPE_BY_C10_NAME[t] for t in mmv._C.algorithm_dtypes(device, algorithm)]
     return torch.float32 if torch.float32 in dtypes else dtypes[0]
-
-
-@contextlib.contextmanager
-def runnable(algorithm: str, dtype: torch.dtype, device: str = "cuda"):
-    """Yields the tolerance for `algorithm` on `dtype`, with TF32 allowed inside the block when the
-    algorithm takes float32 only that way (the tensor-core rungs)."""
-    previous = torch.backends.cuda.matmul.allow_tf32
-    x = torch.randn(8, 8, device=device).to(dtype)
-    try:
-        mmv.matmul(x, x, algorithm)
-        tolerance = TOLERANCE[dtype]
-    except RuntimeError as error:
-        if dtype != torch.float32 or "allow_tf32" not in str(error):
-            raise
-        torch.backends.cuda.matmul.allow_tf32 = True
-        tolerance = TF32_TOLERANCE
-    try:
-        yield tolerance
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 def if_accepted(run):
@@ -90,19 +71,19 @@ def offset_matrix(rows: int, cols: int, dtype, offset: int, transposed: bool) ->
 def test_misaligned_storage_offset(algorithm, dtype):
     """Data pointers off 16-byte alignment take the scalar-load path, never a misaligned fault."""
     torch.manual_seed(0)
-    with runnable(algorithm, dtype) as tolerance:
-        ran = 0
-        for m, n, k in [(45, 67, 33), (130, 129, 264)]:
-            for offset in (1, 2, 3):
-                for a_t, b_t in [(False, False), (False, True), (True, False), (True, True)]:
-                    a = offset_matrix(m, k, dtype, offset, a_t)
-                    b = offset_matrix(k, n, dtype, offset % 3 + 1, b_t)
-                    assert a.data_ptr() % 16 != 0 and b.data_ptr() % 16 != 0
-                    out = matmul_if_accepted(a, b, algorithm)
-                    if out is not None:
-                        check(out, a, b, tolerance)
-                        ran += 1
-        assert ran > 0, f"{algorithm} refused every shape"
+    tolerance = tolerance_for(dtype, "cuda")
+    ran = 0
+    for m, n, k in [(45, 67, 33), (130, 129, 264)]:
+        for offset in (1, 2, 3):
+            for a_t, b_t in [(False, False), (False, True), (True, False), (True, True)]:
+                a = offset_matrix(m, k, dtype, offset, a_t)
+                b = offset_matrix(k, n, dtype, offset % 3 + 1, b_t)
+                assert a.data_ptr() % 16 != 0 and b.data_ptr() % 16 != 0
+                out = matmul_if_accepted(a, b, algorithm)
+                if out is not None:
+                    check(out, a, b, tolerance)
+                    ran += 1
+    assert ran > 0, f"{algorithm} refused every shape"
 
 
 @pytest.mark.parametrize("algorithm", cuda_algorithms())
@@ -111,17 +92,17 @@ def test_side_stream(algorithm):
     copy into `a` that it must see."""
     torch.manual_seed(0)
     dtype = a_dtype_of(algorithm)
-    with runnable(algorithm, dtype) as tolerance:
-        a = torch.randn(48, 200, device="cuda").to(dtype)
-        b = torch.randn(200, 300, device="cuda").to(dtype)
-        new_a = torch.randn_like(a)
+    tolerance = tolerance_for(dtype, "cuda")
+    a = torch.randn(48, 200, device="cuda").to(dtype)
+    b = torch.randn(200, 300, device="cuda").to(dtype)
+    new_a = torch.randn_like(a)
 
-        def held_back_matmul():
-            torch.cuda._sleep(50_000_000)  # tens of milliseconds
-            a.copy_(new_a)
-            return mmv.matmul(a, b, algorithm)
+    def held_back_matmul():
+        torch.cuda._sleep(50_000_000)  # tens of milliseconds
+        a.copy_(new_a)
+        return mmv.matmul(a, b, algorithm)
 
-        check(on_side_stream(held_back_matmul), new_a, b, tolerance)
+    check(on_side_stream(held_back_matmul), new_a, b, tolerance)
 
 
 # Eight threads, each on its own stream, make the first calls of every CUDA algorithm (and auto)
@@ -130,10 +111,9 @@ def test_side_stream(algorithm):
 CONCURRENT_FIRST_CALLS = """
 import sys, threading, torch, torch_mm_variants as mmv
 sys.path.insert(0, sys.argv[1])
-from conftest import DTYPE_BY_C10_NAME, TF32_TOLERANCE, TOLERANCE
+from conftest import DTYPE_BY_C10_NAME, TOLERANCE
 mmv._C.set_poison_outputs(True)  # every output starts as NaN: an unwritten element shows
-torch.backends.cuda.matmul.allow_tf32 = True  # the tensor-core rungs take float32 in TF32
-tolerance = {**TOLERANCE, torch.float32: TF32_TOLERANCE}
+tolerance = TOLERANCE  # TF32 off: float32 in 3xTF32 on the tensor-core rungs
 work = [("auto", t) for t in (torch.float32, torch.bfloat16)] + [
     (name, DTYPE_BY_C10_NAME[t]) for name in mmv.algorithms("cuda")
     for t in mmv._C.algorithm_dtypes("cuda", name)]
@@ -186,19 +166,19 @@ def test_concurrent_first_calls_from_threads():
 def test_cuda_graph_capture_and_replay(algorithm, dtype):
     """Capture the op, change its inputs in place, replay: the output follows the new inputs."""
     torch.manual_seed(0)
-    with runnable(algorithm, dtype) as tolerance:
-        a = torch.randn(60, 67, device="cuda").to(dtype)
-        b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
-        # Warm-up outside the capture (module load, opt-ins).
-        if on_side_stream(lambda: matmul_if_accepted(a, b, algorithm)) is None:
-            pytest.skip(f"{algorithm} does not take these inputs")
-        graph, out = capture_graph(lambda: mmv.matmul(a, b, algorithm))
-        for _ in range(2):
-            a.copy_(torch.randn_like(a, dtype=torch.float32))
-            b.copy_(torch.randn_like(b, dtype=torch.float32))
-            graph.replay()
-            torch.cuda.synchronize()
-            check(out, a, b, tolerance)
+    tolerance = tolerance_for(dtype, "cuda")
+    a = torch.randn(60, 67, device="cuda").to(dtype)
+    b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
+    # Warm-up outside the capture (module load, opt-ins).
+    if on_side_stream(lambda: matmul_if_accepted(a, b, algorithm)) is None:
+        pytest.skip(f"{algorithm} does not take these inputs")
+    graph, out = capture_graph(lambda: mmv.matmul(a, b, algorithm))
+    for _ in range(2):
+        a.copy_(torch.randn_like(a, dtype=torch.float32))
+        b.copy_(torch.randn_like(b, dtype=torch.float32))
+        graph.replay()
+        torch.cuda.synchronize()
+        check(out, a, b, tolerance)
 
 
 def two_gpus() -> bool:
@@ -215,7 +195,8 @@ def test_inputs_on_another_device(algorithm, dtype):
     (bmm), their gradients, and a CUDA graph captured on cuda:1."""
     torch.manual_seed(0)
     device = "cuda:1"
-    with torch.cuda.device(0), runnable(algorithm, dtype, device) as tolerance:
+    tolerance = tolerance_for(dtype, device)
+    with torch.cuda.device(0):
         ran = 0
         for m, n, k in [(48, 90, 150), (64, 256, 512), (256, 512, 256)]:
             a = torch.randn(m, k, device=device).to(dtype)
@@ -260,10 +241,13 @@ def skip_unless_free(needed_bytes: int) -> None:
 
 LARGE = 2 ** 23 + 64  # with SMALL_K = 256, an operand of just over 2^31 elements (4.3-8.6 GB)
 SMALL_K = 256
+# float32 both ways: in 3xTF32 (TF32 off) and in TF32, which the tensor-core rung tiles differently.
+LARGE_DTYPES = [torch.bfloat16, torch.float32,
+                pytest.param(torch.float32, marks=pytest.mark.tf32, id="float32-tf32")]
 
 
 @pytest.mark.usefixtures("one_large_test_at_a_time")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", LARGE_DTYPES)
 @pytest.mark.parametrize("operand", ["a-row", "a-col", "b-row", "b-col"])
 def test_operand_past_2_31_elements(operand, dtype):
     """One operand of LARGE x 256 (or 256 x LARGE) elements in each layout, so that row * ld or
@@ -283,15 +267,15 @@ def test_operand_past_2_31_elements(operand, dtype):
     # The last 256 rows or columns of the large dimension lie past element 2^31.
     tail = slice(LARGE - 256, LARGE)
     for algorithm in ["auto", *algorithms_taking(dtype)]:
-        with runnable(algorithm, dtype) as tolerance:
-            out = matmul_if_accepted(a, b, algorithm)
-            if out is None:
-                continue
-            if operand.startswith("a"):
-                check(out[tail], a[tail], b, tolerance)
-            else:
-                check(out[:, tail], a, b[:, tail], tolerance)
-            del out
+        tolerance = tolerance_for(dtype, "cuda")
+        out = matmul_if_accepted(a, b, algorithm)
+        if out is None:
+            continue
+        if operand.startswith("a"):
+            check(out[tail], a[tail], b, tolerance)
+        else:
+            check(out[:, tail], a, b[:, tail], tolerance)
+        del out
 
 
 def algorithms_taking(dtype: torch.dtype) -> list[str]:
@@ -319,7 +303,7 @@ def check_corners(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance
 
 
 @pytest.mark.usefixtures("one_large_test_at_a_time")
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", LARGE_DTYPES)
 @pytest.mark.parametrize("op", ["matmul", "linear", "bmm"])
 def test_output_past_2_31_elements(op, dtype):
     """An output of more than 2^31 elements, from matmul, from linear (whose bias some kernels
@@ -332,16 +316,16 @@ def test_output_past_2_31_elements(op, dtype):
     bias = torch.randn(BIG_N, device="cuda", dtype=dtype) if op == "linear" else None
     batch = torch.stack([torch.randn_like(a[:2 ** 15]), a[:2 ** 15]]) if op == "bmm" else None
     for algorithm in ["auto", *algorithms_taking(dtype)]:
-        with runnable(algorithm, dtype) as tolerance:
-            if op == "bmm":  # 2 x 32768 x 32773: its second entry ends past element 2^31
-                out = matmul_if_accepted(batch, w.t(), algorithm)
-                entry = None if out is None else out[1]
-                a_entry = batch[1]
-            else:
-                out = entry = if_accepted(lambda: mmv.linear(a, w, bias, algorithm=algorithm)
-                                          if op == "linear" else mmv.matmul(a, w.t(), algorithm))
-                a_entry = a
-            if entry is not None:
-                check_corners(entry, a_entry, w.t(), tolerance, bias)
-            out = entry = None
-            torch.cuda.empty_cache()
+        tolerance = tolerance_for(dtype, "cuda")
+        if op == "bmm":  # 2 x 32768 x 32773: its second entry ends past element 2^31
+            out = matmul_if_accepted(batch, w.t(), algorithm)
+            entry = None if out is None else out[1]
+            a_entry = batch[1]
+        else:
+            out = entry = if_accepted(lambda: mmv.linear(a, w, bias, algorithm=algorithm)
+                                      if op == "linear" else mmv.matmul(a, w.t(), algorithm))
+            a_entry = a
+        if entry is not None:
+            check_corners(entry, a_entry, w.t(), tolerance, bias)
+        out = entry = None
+        torch.cuda.empty_cache()

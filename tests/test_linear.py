@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (DTYPE_BY_C10_NAME, algorithm_dtype_params, assert_gradients_match,
+from conftest import (algorithm_dtype_params, assert_gradients_match, dtype_params,
                       assert_result, devices, random_matrix, relative_error, run_accepted)
 
 ACTIVATIONS = ["none", "relu", "gelu", "gelu_tanh", "silu"]
@@ -50,10 +50,8 @@ def test_activations_bias_and_batch_dims(device, algorithm, dtype):
 def fused_params() -> list:
     """(device, algorithm, dtype) for the rungs that fuse the epilogue into their store, as the
     registry says (e.g. simd_packed and parallel; on a GPU, tensor_core and wgmma)."""
-    rungs = [(d, name) for d in devices() for name in mmv.algorithms(d)
-             if mmv._C.algorithm_fuses_epilogue(d, name)]
-    return [pytest.param(d, name, DTYPE_BY_C10_NAME[t], id=f"{d}-{name}-{t}")
-            for d, name in rungs for t in mmv._C.algorithm_dtypes(d, name)]
+    return dtype_params([(d, name) for d in devices() for name in mmv.algorithms(d)
+                         if mmv._C.algorithm_fuses_epilogue(d, name)])
 
 
 def operand(rows, cols, dtype, device, layout):

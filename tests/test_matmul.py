@@ -7,7 +7,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (algorithm_dtype_params, algorithm_params, assert_matches_reference, devices,
-                      random_matrix, run_checked)
+                      random_matrix, relative_error, run_checked)
 
 EDGE_SIZES = [1, 7, 31, 33, 63, 65, 127, 129]
 GPU_EDGE_SIZES = EDGE_SIZES + [64, 255, 257, 1000, 1025]
@@ -157,3 +157,27 @@ def test_cpu_simd_fallbacks(isa, algorithm, dtype):
             assert mmv._C.cpu_last_micro_kernel() == isa  # the fallback ran, not only was set
     finally:
         mmv._C.set_cpu_isa(best)
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
+def test_infinities_and_nans_propagate(device, algorithm, dtype):
+    """Infinite and NaN elements reach the output as in IEEE arithmetic, as the float64 product
+    has them (an infinity with each product's sign, NaN from NaN and from inf - inf), through
+    every kernel: 3xTF32's operand split included, whose parts of an infinity must not meet the
+    other operand's as inf * 0 or inf - inf. The finite elements stay within the tolerance."""
+    torch.manual_seed(0)
+    inf, nan = float("inf"), float("nan")
+    for m in (8, 200):  # within the skinny rungs' rows, and past them
+        a = torch.randn(m, 256, device=device).to(dtype)
+        b = torch.randn(256, 72, device=device).to(dtype)
+        a[1, 3], a[2, 5], a[3, 7], b[10, 20] = inf, -inf, nan, inf
+        for b_view in (b, b.t().contiguous().t()):
+            result = run_checked(a, b_view, algorithm)
+            if result is None:
+                continue
+            out, ref = result[0].cpu().double(), a.cpu().double() @ b.cpu().double()
+            assert torch.equal(out.isnan(), ref.isnan()), "NaN where float64 has none, or not"
+            infinite = ref.isinf()
+            assert torch.equal(out.isinf(), infinite) and torch.equal(out[infinite], ref[infinite])
+            finite = ref.isfinite()
+            assert relative_error(out[finite], ref[finite]) <= result[1]

@@ -280,7 +280,7 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
         progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")
         if name != "auto":
             accepted, why = mmv._C.algorithm_accepts(name, a0, b0)
-            if not accepted:  # e.g. a skinny kernel at large M, TF32 kernels with TF32 off
+            if not accepted:  # e.g. a skinny kernel at large M
                 print(f"\n{name} at {m}x{n}x{k}: not run: {why}", file=sys.stderr)
                 continue
         label = f"auto ({mmv.auto_choice(a0, b0)})" if name == "auto" else name

@@ -115,7 +115,7 @@ at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activa
 // The algorithm for a gradient's product lhs @ rhs (2-D, or batches of them): the forward's,
 // unless it refuses these operands, then auto. A named algorithm's gradients have other shapes
 // than its forward (skinny takes at most 64 rows; the weight gradient of a Linear it runs has
-// out_features rows), and TF32 may have been switched off since the forward pass.
+// out_features rows).
 // Traced with symbolic sizes (torch.compile's dynamic shapes), the graph serves sizes that are
 // not known yet, so no sizes are read: the forward's algorithm where it takes any operands of
 // its dtypes, otherwise auto.
@@ -210,8 +210,8 @@ struct LinearFunction : torch::autograd::Function<LinearFunction> {
     const at::Tensor rows = as_rows(x);
     at::Tensor grad_rows = as_rows(grads[0]);
     if (activation != Activation::kNone) {
-      // Recomputed as the forward's product, which the algorithm may refuse by now (TF32
-      // switched off since the forward pass), as for the gradients' products below.
+      // Recomputed as the forward's product, by the algorithm that gradient_algorithm picks
+      // for it, as for the gradients' products below.
       const at::Tensor pre = linear_op(
           x, weight, bias.defined() ? c10::optional<at::Tensor>(bias) : c10::nullopt, "none",
           gradient_algorithm(algorithm, rows, weight.t()));

@@ -35,10 +35,11 @@
 // and 192 KB would leave an A100 with SmallTiling. B stored K-outer takes DeepTiling where it
 // fits (H100, H200): see there.
 //
-// float32 inputs run in TF32 (10-bit mantissa, rounded to nearest, float accumulation) and only
-// when the user allows it for matmuls, as for torch.mm: torch.backends.cuda.matmul.allow_tf32 =
-// True or torch.set_float32_matmul_precision("high" / "medium"). Otherwise this algorithm refuses
-// float32 inputs with a message naming that setting, and `auto` falls back to a CUDA-core rung.
+// float32 inputs run in TF32 (10-bit mantissa, rounded to nearest, float accumulation) where the
+// user allows it for matmuls, as for torch.mm: torch.backends.cuda.matmul.allow_tf32 = True or
+// torch.set_float32_matmul_precision("high" / "medium"). Otherwise (PyTorch's default) they run
+// in 3xTF32 (Split3xTf32Tiling): three TF32 MMAs per product of split operands, with float32's
+// accuracy, at a third of TF32's rate, which on Hopper is still faster than float32 FMAs.
 //
 // Operands whose pointer or leading dimension is not 16-byte aligned cannot use 16-byte cp.async;
 // they take a slower path chosen at launch that fills the same shared tiles with predicated
@@ -58,10 +59,12 @@
 namespace mm_variants::cuda {
 namespace {
 
-template <int BM_, int BN_, int BK_BYTES_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_>
+template <int BM_, int BN_, int BK_BYTES_, int WM_, int WN_, int STAGES_, int MIN_BLOCKS_,
+          bool SPLIT_TF32_ = false>
 struct TensorCoreTiling {
   static constexpr int BM = BM_, BN = BN_, BK_BYTES = BK_BYTES_, WM = WM_, WN = WN_;
   static constexpr int kStages = STAGES_, kMinBlocks = MIN_BLOCKS_;
+  static constexpr bool kSplitTf32 = SPLIT_TF32_;  // float32 in 3xTF32 (see Split3xTf32Tiling)
 };
 
 // 8 warps of 64 x 64 over a 128 x 256 tile, 48 KB per stage: three stages (144 KB) for
@@ -82,6 +85,16 @@ using SmallTiling = TensorCoreTiling<128, 256, 128, 64, 64, 2, 1>;
 // both operands transposed they lost 2-3.5%; those keep LargeTiling. GPUs without 192 KB of
 // shared memory per block (A100) keep it too.
 using DeepTiling = TensorCoreTiling<128, 256, 256, 64, 64, 2, 1>;
+// float32 with TF32 off runs in 3xTF32: each operand is split into its TF32 rounding and the rest
+// (mma::split_tf32), and three TF32 MMAs (small x big, big x small, big x big) give float32's
+// accuracy at a third of TF32's rate, still above what CUDA cores do in float32. The tensor core
+// does not round its accumulation to nearest, and over a long K one chain of MMAs per output
+// would lose float32's accuracy: each K tile's products are summed afresh and added to the
+// running sums with float32 adds. Two sets of sums take warp tiles of 64 x 32, which move more
+// shared-memory bytes per multiply-add than TF32's 64 x 64; with three MMAs per product that
+// traffic is far from shared memory's limit by the count in tensor_core.md. Three stages (96 KB)
+// fit every sm_80+ GPU.
+using Split3xTf32Tiling = TensorCoreTiling<128, 128, 128, 64, 32, 3, 1, true>;
 
 // Whether problem G takes DeepTiling where the GPU has its shared memory.
 template <class G>
@@ -131,6 +144,60 @@ struct MmaOp<float> {
   __device__ static uint32_t prepare(uint32_t x) { return mma::round_to_tf32(x); }
 };
 
+// One MMA step of 3xTF32 on raw float32 fragments: with a = a_big + a_small and b likewise
+// (mma::split_tf32), d += a_small b_big + a_big b_small + a_big b_big. The dropped a_small b_small
+// is under 2^-22 of the product. A's split is done per 16-row piece, B's once per step, which
+// keeps a few registers live beside the two sets of sums.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void mma_3xtf32(float (&d)[kMTiles][kNTiles][4],
+                                           const uint32_t (&a)[kMTiles][4],
+                                           const uint32_t (&b)[kNTiles][2]) {
+  uint32_t b_big[kNTiles][2], b_small[kNTiles][2];
+#pragma unroll
+  for (int ni = 0; ni < kNTiles; ++ni) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const mma::Tf32Parts parts = mma::split_tf32(b[ni][q]);
+      b_big[ni][q] = parts.big;
+      b_small[ni][q] = parts.small;
+    }
+  }
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+    uint32_t a_big[4], a_small[4];
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const mma::Tf32Parts parts = mma::split_tf32(a[mi][q]);
+      a_big[q] = parts.big;
+      a_small[q] = parts.small;
+    }
+    // Three passes over the columns, so that MMAs into the same sums are kNTiles apart.
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni) mma::mma_m16n8k8_tf32(d[mi][ni], a_small, b_big[ni]);
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni) mma::mma_m16n8k8_tf32(d[mi][ni], a_big, b_small[ni]);
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni) mma::mma_m16n8k8_tf32(d[mi][ni], a_big, b_big[ni]);
+  }
+}
+
+// sums += fresh in float32 (rounded to nearest), then fresh = 0 for the next K tile.
+template <int kMTiles, int kNTiles>
+__device__ __forceinline__ void add_and_clear(float (&sums)[kMTiles][kNTiles][4],
+                                              float (&fresh)[kMTiles][kNTiles][4]) {
+#pragma unroll
+  for (int mi = 0; mi < kMTiles; ++mi) {
+#pragma unroll
+    for (int ni = 0; ni < kNTiles; ++ni) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        sums[mi][ni][q] += fresh[mi][ni][q];
+        fresh[mi][ni][q] = 0.0f;
+      }
+    }
+  }
+}
+
 // Elements are moved as raw bits; only the MMA and the epilogue know the dtype.
 template <typename T>
 using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
@@ -150,6 +217,8 @@ struct Tiles {
   static constexpr int kChunk = 16 / kElem;  // elements per 16-byte chunk, half of kMmaK
   static constexpr int kMTiles = C::WM / 16, kNTiles = C::WN / 8;
   static constexpr int kSlices = BK / kMmaK;  // MMA steps per stage
+  static constexpr bool kSplit = C::kSplitTf32;
+  static_assert(!kSplit || std::is_same_v<T, float>, "3xTF32 splits float32 operands");
 
   // A stage stores each operand as its global layout does: A as [BM][BK] (K-contiguous) or
   // [BK][BM], B as [BN][BK] or [BK][BN], the 16-byte chunks of each row swizzled (mma::Swizzle)
@@ -173,7 +242,7 @@ struct Tiles {
                 "warp tiles must tile the block and be made of 16 x 16 pieces");
   static_assert(BK % kMmaK == 0 && kSlices % 2 == 0, "fragments alternate between two sets");
   static_assert(C::kStages >= 2, "the pipeline needs at least two stages");
-  static_assert(C::WM % 64 == 0 && C::WN % 64 == 0,
+  static_assert(C::WM * kElem % 128 == 0 && C::WN * kElem % 128 == 0,
                 "a warp's first column of a K-outer tile starts a swizzle pattern (8 chunks)");
   static_assert((kAOuter * kAInner / kChunk) % kThreads == 0 &&
                 (kBOuter * kBInner / kChunk) % kThreads == 0,
@@ -384,6 +453,8 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   // 32: only x's low five bits meet the XOR, so a lane keeps four columns, not one per load.
   const auto scalar_col = [](int lane_col, int x) { return (lane_col ^ x % 32) + x / 32 * 32; };
 
+  // 3xTF32 splits the raw fragments when it multiplies them; TF32 rounds them as they load.
+  const auto prepare = [](uint32_t x) { return L::kSplit ? x : MmaOp<T>::prepare(x); };
   // The fragments of the MMA step at k offset kk of stage `stage`.
   const auto load_a = [&](uint32_t(&frag)[L::kMTiles][4], int stage, int kk) {
     const uint32_t lane_at = a_stages + stage * L::kAStage * L::kElem + a_lane;
@@ -403,7 +474,7 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
         frag[mi][3] = p[4 * L::kAInner + scalar_col(a_col, mi * 16 + 8)];
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) frag[mi][q] = MmaOp<T>::prepare(frag[mi][q]);
+      for (int q = 0; q < 4; ++q) frag[mi][q] = prepare(frag[mi][q]);
     }
   };
   const auto load_b = [&](uint32_t(&frag)[L::kNTiles][2], int stage, int kk) {
@@ -423,11 +494,13 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
         x[3] = p[4 * L::kBInner + scalar_col(b_col, np * 16 + 8)];
       }
 #pragma unroll
-      for (int q = 0; q < 4; ++q) frag[2 * np + q / 2][q % 2] = MmaOp<T>::prepare(x[q]);
+      for (int q = 0; q < 4; ++q) frag[2 * np + q / 2][q % 2] = prepare(x[q]);
     }
   };
 
   float acc[L::kMTiles][L::kNTiles][4] = {};
+  // 3xTF32: the current K tile's products, added to acc after its last MMA step.
+  float fresh[L::kMTiles][L::kNTiles][4] = {};
 
   // Pipeline: stage kt % kStages holds K tile kt, whose copies were issued kStages - 1 iterations
   // earlier. Fragments are double-buffered: the registers of the next MMA step (or of the next
@@ -460,11 +533,16 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
         const int kk = (ks + 1) % L::kSlices * L::kMmaK;
         load_a(a_frag[(ks + 1) % 2], from, kk);
         load_b(b_frag[(ks + 1) % 2], from, kk);
+        if constexpr (L::kSplit) {
+          mma_3xtf32(fresh, a_frag[ks % 2], b_frag[ks % 2]);
+          if (ks == L::kSlices - 1) add_and_clear(acc, fresh);
+        } else {
 #pragma unroll
-        for (int mi = 0; mi < L::kMTiles; ++mi) {
+          for (int mi = 0; mi < L::kMTiles; ++mi) {
 #pragma unroll
-          for (int ni = 0; ni < L::kNTiles; ++ni) {
-            MmaOp<T>::run(acc[mi][ni], a_frag[ks % 2][mi], b_frag[ks % 2][ni]);
+            for (int ni = 0; ni < L::kNTiles; ++ni) {
+              MmaOp<T>::run(acc[mi][ni], a_frag[ks % 2][mi], b_frag[ks % 2][ni]);
+            }
           }
         }
         if (ks == 0) {
@@ -550,6 +628,14 @@ void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned e
   };
   constexpr int kLarge = Tiles<LargeTiling, G>::kSmemBytes;
   constexpr int kSmall = Tiles<SmallTiling, G>::kSmemBytes;
+  if constexpr (std::is_same_v<typename G::scalar, float>) {
+    if (!at::globalContext().allowTF32CuBLAS()) {
+      constexpr int kSplit = Tiles<Split3xTf32Tiling, G>::kSmemBytes;
+      TORCH_CHECK(kSplit <= smem, "torch_mm_variants: tensor_core needs ", kSplit,
+                  " bytes of shared memory per block for float32; ", device.name, " has ", smem);
+      return launch_tiled(Split3xTf32Tiling{});
+    }
+  }
   if constexpr (prefers_deep_tiling<G>()) {
     if (Tiles<DeepTiling, G>::kSmemBytes <= smem) return launch_tiled(DeepTiling{});
   }
@@ -610,16 +696,9 @@ void tensor_core_batched(const at::Tensor& a_in, const at::Tensor& b_in, at::Ten
   });
 }
 
-bool tf32_allowed(const at::Tensor& a, const at::Tensor&) {
-  return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
-}
-
 MM_VARIANTS_REGISTER({"tensor_core", c10::kCUDA, 8, cuda_dtypes(), &tensor_core, &sm80_or_newer,
-                      &tf32_allowed,
-                      "float32 inputs run in TF32 on tensor cores only when "
-                      "torch.backends.cuda.matmul.allow_tf32 is True (or "
-                      "torch.set_float32_matmul_precision('high'))",
-                      /*auto_candidate=*/true, &tensor_core_fused, &tensor_core_batched});
+                      nullptr, "", /*auto_candidate=*/true, &tensor_core_fused,
+                      &tensor_core_batched});
 
 }  // namespace
 }  // namespace mm_variants::cuda

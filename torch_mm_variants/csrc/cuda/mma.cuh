@@ -105,14 +105,21 @@ __device__ __forceinline__ uint32_t round_to_tf32(uint32_t x) {
   return r;
 }
 
-// The operand split of 3xTF32 (the skinny rungs' float32): x = big + small exactly, big its tf32
+// The operand split of 3xTF32 (float32 with TF32 off): x = big + small exactly, big its tf32
 // rounding and small the rest, |small| <= 2^-11 |x|. Both are given as raw 32-bit words.
+// An infinite x would give big = x and small = NaN, and its products with the other operand's
+// parts (inf * small, of either sign or zero) would turn an infinite sum into NaN. Its big is 0
+// instead and small is x: the infinity reaches the sum once, through small * big, with its sign,
+// as in float32 (a compare and a select more per word). x within half a tf32 step of float32's
+// largest value also rounds to infinity; it takes the same path, and the tensor core reads it
+// to TF32's precision.
 struct Tf32Parts {
   uint32_t big, small;
 };
 
 __device__ __forceinline__ Tf32Parts split_tf32(uint32_t x) {
-  const uint32_t big = round_to_tf32(x);
+  uint32_t big = round_to_tf32(x);
+  if (isinf(__uint_as_float(big))) big = 0;
   return {big, __float_as_uint(__uint_as_float(x) - __uint_as_float(big))};
 }
 
