@@ -137,9 +137,10 @@ def run_accepted(algorithm, a, b, run):
     """Calls run() and returns (its output, the tolerance for a's dtype and device), or None when
     `algorithm` refuses inputs like the 2-D product a @ b by design (e.g. a skinny kernel given
     many rows), after checking that run() refuses them with the algorithm's reason."""
-    if algorithm == "auto" or mmv._C.algorithm_accepts(algorithm, a, b)[0]:
+    accepted, why = (True, "") if algorithm == "auto" else mmv._C.algorithm_accepts(algorithm, a, b)
+    if accepted:
         return run(), tolerance_for(a.dtype, a.device)
-    with pytest.raises(RuntimeError, match=re.escape(mmv._C.algorithm_accepts(algorithm, a, b)[1])):
+    with pytest.raises(RuntimeError, match=re.escape(why)):
         run()
     return None
 

@@ -610,8 +610,9 @@ bool vec16(const P& panel, int64_t batch_stride) {
   return panel.aligned(16) && batch_stride * sizeof(typename P::scalar) % 16 == 0;
 }
 
-// Launches problem g (and, for a batch, the entries - 1 problems after it) with the tiling that
-// fits the device's shared memory, DeepTiling first where G prefers it.
+// Launches problem g (and, for a batch, the entries - 1 problems after it): float32 with TF32
+// off in 3xTF32, otherwise with the tiling that fits the device's shared memory, DeepTiling first
+// where G prefers it.
 template <class G, class Epi = NoEpilogue, class Batch = SingleEntry>
 void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned entries = 1) {
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
@@ -619,6 +620,8 @@ void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned e
   const auto launch_tiled = [&](auto tiling) {
     using C = decltype(tiling);
     using L = Tiles<C, G>;
+    TORCH_CHECK(L::kSmemBytes <= smem, "torch_mm_variants: tensor_core needs ", L::kSmemBytes,
+                " bytes of shared memory per block; ", device.name, " has ", smem);
     auto* kernel = tensor_core_kernel<C, G, Epi, Batch>;
     allow_dynamic_smem(kernel, L::kSmemBytes);
     const dim3 grid(tile_grid<C::BM, C::BN>(g).x, entries);
@@ -626,26 +629,14 @@ void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned e
         g, vec16(g.a, batch.a), vec16(g.b, batch.b), epi, batch);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  constexpr int kLarge = Tiles<LargeTiling, G>::kSmemBytes;
-  constexpr int kSmall = Tiles<SmallTiling, G>::kSmemBytes;
   if constexpr (std::is_same_v<typename G::scalar, float>) {
-    if (!at::globalContext().allowTF32CuBLAS()) {
-      constexpr int kSplit = Tiles<Split3xTf32Tiling, G>::kSmemBytes;
-      TORCH_CHECK(kSplit <= smem, "torch_mm_variants: tensor_core needs ", kSplit,
-                  " bytes of shared memory per block for float32; ", device.name, " has ", smem);
-      return launch_tiled(Split3xTf32Tiling{});
-    }
+    if (!at::globalContext().allowTF32CuBLAS()) return launch_tiled(Split3xTf32Tiling{});
   }
   if constexpr (prefers_deep_tiling<G>()) {
     if (Tiles<DeepTiling, G>::kSmemBytes <= smem) return launch_tiled(DeepTiling{});
   }
-  if (kLarge <= smem) {
-    launch_tiled(LargeTiling{});
-  } else {
-    TORCH_CHECK(kSmall <= smem, "torch_mm_variants: tensor_core needs ", kSmall,
-                " bytes of shared memory per block; ", device.name, " has ", smem);
-    launch_tiled(SmallTiling{});
-  }
+  if (Tiles<LargeTiling, G>::kSmemBytes <= smem) return launch_tiled(LargeTiling{});
+  launch_tiled(SmallTiling{});
 }
 
 void tensor_core(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
