@@ -108,8 +108,9 @@ def padded(x: int) -> int:
 def random_matrix(rows, cols, dtype, device, layout="row"):
     """A random [rows, cols] matrix: row-major, a transposed view ("col"), either of them with
     its leading dimension padded to a multiple of 64 elements ("padded-row", "padded-col"), so
-    that 16-byte copies and TMA can address it whatever rows and cols are, or a slice with a
-    storage offset and a padded row stride ("sliced")."""
+    that 16-byte copies and TMA can address it whatever rows and cols are, a slice with a
+    storage offset and a padded row stride ("sliced"), or contiguous one element into its storage
+    ("offset"), so that neither its pointer nor (for a bias) its elements are 16-byte aligned."""
     if layout == "padded-row":
         return torch.randn(rows, padded(cols), device=device).to(dtype)[:, :cols]
     if layout == "padded-col":
@@ -120,6 +121,8 @@ def random_matrix(rows, cols, dtype, device, layout="row"):
         return torch.randn(cols, rows, device=device).to(dtype).t()
     if layout == "sliced":
         return torch.randn(rows + 1, cols + 3, device=device).to(dtype)[1:, 2:2 + cols]
+    if layout == "offset":
+        return torch.randn(rows * cols + 1, device=device).to(dtype)[1:].view(rows, cols)
     raise ValueError(layout)
 
 

@@ -15,9 +15,10 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import algorithm_dtype_params, assert_result, random_matrix, run_accepted
+from test_bmm import batch_operand
 from test_linear import ACTIVATIONS, reference as linear_reference
 
-CASES = {"cpu": 64, "cuda": 64}
+CASES = 64
 # Multiply-adds per case: milliseconds on the slowest rung (naive) of either device.
 BUDGET = {"cpu": 1 << 23, "cuda": 1 << 33}
 LONGEST = {"cpu": 4096, "cuda": 16384}     # the longest M, N or K drawn
@@ -67,23 +68,11 @@ def random_case(rng: random.Random, device: str) -> Case:
                         rng.choice(ACTIVATIONS), rng.random() < 0.5)
 
 
-def matrix(rows, cols, dtype, device, layout):
-    """random_matrix's layouts, and "offset": contiguous one element into its storage, so that
-    no row is 16-byte aligned."""
-    if layout == "offset":
-        return torch.randn(rows * cols + 1, device=device).to(dtype)[1:].view(rows, cols)
-    return random_matrix(rows, cols, dtype, device, layout)
-
-
 def batch_of(case: Case, rows, cols, dtype, device, layout):
-    """[batch, rows, cols], each entry in `layout` ("col" and "padded-col" transposed, the rest
-    row-major), the batch one element into its storage for "offset"."""
-    if "col" in layout:
-        return torch.randn(case.batch, cols, rows, device=device).to(dtype).transpose(1, 2)
-    if layout == "offset":
-        flat = torch.randn(case.batch * rows * cols + 1, device=device).to(dtype)
-        return flat[1:].view(case.batch, rows, cols)
-    return torch.randn(case.batch, rows, cols, device=device).to(dtype)
+    """test_bmm's batch operand [batch, rows, cols] for a 2-D layout: its entries transposed for
+    "col" and "padded-col", one element into the storage for "offset", row-major otherwise."""
+    entries = "offset" if layout == "offset" else "col" if "col" in layout else "row"
+    return batch_operand(case.batch, rows, cols, dtype, device, entries)
 
 
 def run_case(case: Case, algorithm: str, dtype, device: str):
@@ -92,9 +81,9 @@ def run_case(case: Case, algorithm: str, dtype, device: str):
     errors are relative to the product's norm: gelu, silu and relu grow the product's errors by
     at most 1.13 times, but may leave a far smaller output (from a row of large negative values)."""
     if case.call == "linear":
-        x = (matrix(case.m, case.k, dtype, device, case.a_layout) if case.batch == 1
+        x = (random_matrix(case.m, case.k, dtype, device, case.a_layout) if case.batch == 1
              else batch_of(case, case.m, case.k, dtype, device, case.a_layout))
-        weight = matrix(case.k, case.n, dtype, device, case.b_layout).t()
+        weight = random_matrix(case.k, case.n, dtype, device, case.b_layout).t()
         bias = torch.randn(case.n, device=device).to(dtype) if case.bias else None
         rows = x.reshape(case.batch * case.m, case.k)
         result = run_accepted(algorithm, rows, weight.t(), lambda: mmv.linear(
@@ -103,13 +92,13 @@ def run_case(case: Case, algorithm: str, dtype, device: str):
         return (result, linear_reference(x, weight, bias, case.activation),
                 product.norm().item())
     if case.call == "matmul":
-        a = matrix(case.m, case.k, dtype, device, case.a_layout)
-        b = matrix(case.k, case.n, dtype, device, case.b_layout)
+        a = random_matrix(case.m, case.k, dtype, device, case.a_layout)
+        b = random_matrix(case.k, case.n, dtype, device, case.b_layout)
         first_b = b
     else:
         a = batch_of(case, case.m, case.k, dtype, device, case.a_layout)
         if case.call == "shared":
-            b = first_b = matrix(case.k, case.n, dtype, device, case.b_layout)
+            b = first_b = random_matrix(case.k, case.n, dtype, device, case.b_layout)
         else:
             b = batch_of(case, case.k, case.n, dtype, device, case.b_layout)
             first_b = b[0]
@@ -123,7 +112,7 @@ def test_random_products(device, algorithm, dtype, request):
     rng = random.Random(zlib.crc32(request.node.callspec.id.encode()))
     torch.manual_seed(rng.getrandbits(32))
     checked = 0
-    for _ in range(CASES[device]):
+    for _ in range(CASES):
         case = random_case(rng, device)
         result, ref, scale = run_case(case, algorithm, dtype, device)
         if result is None:
@@ -133,4 +122,4 @@ def test_random_products(device, algorithm, dtype, request):
         except AssertionError as error:
             raise AssertionError(f"{case}: {error}") from None
         checked += 1
-    assert checked > 0, f"{algorithm} refused all {CASES[device]} random cases"
+    assert checked > 0, f"{algorithm} refused all {CASES} random cases"

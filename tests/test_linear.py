@@ -54,14 +54,6 @@ def fused_params() -> list:
                          if mmv._C.algorithm_fuses_epilogue(d, name)])
 
 
-def operand(rows, cols, dtype, device, layout):
-    """random_matrix's layouts, and "offset": contiguous one element into its storage, so that
-    neither its pointer nor (for a bias) its elements are 16-byte aligned."""
-    if layout == "offset":
-        return torch.randn(rows * cols + 1, device=device).to(dtype)[1:].view(rows, cols)
-    return random_matrix(rows, cols, dtype, device, layout)
-
-
 # (M, N, K): each of the edge sizes 1, 7, 63, 65, 127, 129 once in every position, and several
 # tiles of the tensor-core rungs in both dimensions; the last three have the 16-byte aligned rows
 # that wgmma's TMA copies need (its other shapes run rung 8), with an N that TMA can store (a
@@ -85,14 +77,15 @@ def test_fused_epilogue_edges_and_layouts(device, algorithm, dtype, activation):
     layout takes its unfused path; "offset" operands take its element-by-element copies."""
     torch.manual_seed(0)
     for m, n, k in EDGE_SHAPES:
-        bias = operand(1, n, dtype, device, "row")[0]
+        bias = random_matrix(1, n, dtype, device, "row")[0]
         for x_layout in ["row", "col", "offset"]:
             for w_layout in ["row", "col", "offset"]:
-                check_linear(operand(m, k, dtype, device, x_layout),
-                             operand(n, k, dtype, device, w_layout), bias, activation, algorithm)
-        x, weight = operand(m, k, dtype, device, "row"), operand(n, k, dtype, device, "row")
+                check_linear(random_matrix(m, k, dtype, device, x_layout),
+                             random_matrix(n, k, dtype, device, w_layout), bias, activation,
+                             algorithm)
+        x, weight = random_matrix(m, k, dtype, device), random_matrix(n, k, dtype, device)
         check_linear(x, weight, None, activation, algorithm)
-        misaligned_bias = operand(1, n, dtype, device, "offset")[0]
+        misaligned_bias = random_matrix(1, n, dtype, device, "offset")[0]
         check_linear(x, weight, misaligned_bias, activation, algorithm)
 
 

@@ -1,7 +1,8 @@
-"""The tensor-core rung: its float32 policy (TF32 where allowed, else 3xTF32), proof that the compiled kernels issue tensor-core
-instructions, and the paths the generic sweeps of test_matmul.py do not force (16-byte copies
-with partial chunks at the edges, many tiles and K steps). Misaligned views, streams, graph
-capture and 64-bit offsets are covered for every CUDA rung in test_cuda_ladder_extras.py."""
+"""The tensor-core rung: its float32 policy (TF32 where allowed, else 3xTF32), proof that the
+compiled kernels issue tensor-core instructions, and the paths the generic sweeps of
+test_matmul.py do not force (16-byte copies with partial chunks at the edges, many tiles and K
+steps). Misaligned views, streams, graph capture and 64-bit offsets are covered for every CUDA
+rung in test_cuda_ladder_extras.py."""
 from __future__ import annotations
 
 import re
