@@ -5,6 +5,7 @@
 #   bash scripts/sanitize.sh            # both tools
 #   bash scripts/sanitize.sh racecheck  # one tool
 #   ALGORITHMS="tiled warp_tiling" bash scripts/sanitize.sh  # some algorithms only
+#   DTYPES="Float" bash scripts/sanitize.sh                  # some dtypes only (Float Half BFloat16)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

@@ -1,8 +1,10 @@
 """The workload of scripts/sanitize.sh: every CUDA algorithm (or those named on the command line),
-every dtype it takes, the four transpose layouts and a misaligned view, on a few small shapes that
-are no tile multiples and span several blocks and k steps. Exits non-zero on a wrong result."""
+every dtype it takes (or those named in $DTYPES, e.g. "Float Half"), float32 with TF32 off and
+on, the four transpose layouts and a misaligned view, on a few small shapes that are no tile
+multiples and span several blocks and k steps. Exits non-zero on a wrong result."""
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
@@ -36,6 +38,7 @@ EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
                           (312, 4001, 4088)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
+TF32_TOLERANCE = 5e-3
 
 
 def operand(rows, cols, dtype, layout):
@@ -48,15 +51,17 @@ def operand(rows, cols, dtype, layout):
     return torch.randn(rows * cols + 1).to(dtype).cuda()[1:].view(rows, cols)
 
 
-def run(a, b, algorithm):
+def tf32_modes(dtype):
+    """The TF32 settings to run `dtype` under: both for float32 (the tensor-core rungs run it in
+    3xTF32 with TF32 off and in TF32 with it on), the default otherwise."""
+    return [False, True] if dtype == torch.float32 else [False]
+
+
+def run(a, b, algorithm, tf32):
+    """(a @ b by `algorithm` with TF32 allowed or not, the relative error allowed for it)."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        return mmv.matmul(a, b, algorithm), TOLERANCE[a.dtype]
-    except RuntimeError as error:  # float32 on a tensor-core rung needs TF32 allowed
-        if a.dtype != torch.float32 or "allow_tf32" not in str(error):
-            raise
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        return mmv.matmul(a, b, algorithm), 5e-3
+        return mmv.matmul(a, b, algorithm), TF32_TOLERANCE if tf32 else TOLERANCE[a.dtype]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
 
@@ -67,25 +72,30 @@ def main() -> int:
     # (memcheck sees only accesses out of bounds, and a fresh output may hold a right answer).
     mmv._C.set_poison_outputs(True)
     failures = 0
-    layouts = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"), ("offset", "offset")]
+    layout_pairs = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col"),
+                    ("offset", "offset")]
+    wanted = os.environ.get("DTYPES", "").split() or list(DTYPES)
     for algorithm in sys.argv[1:] or mmv.algorithms("cuda"):
         for dtype_name in mmv._C.algorithm_dtypes("cuda", algorithm):
+            if dtype_name not in wanted:
+                continue
             dtype = DTYPES[dtype_name]
-            for m, n, k in SHAPES + EXTRA_SHAPES.get(algorithm, []):
-                for la, lb in layouts:
-                    a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
-                    try:
-                        out, tolerance = run(a, b, algorithm)
-                    except RuntimeError as error:
-                        if "cannot take these inputs" in str(error):  # refused by design
-                            continue
-                        raise
-                    ref = a.cpu().double() @ b.cpu().double()
-                    err = ((out.cpu().double() - ref).norm() / ref.norm()).item()
-                    if not err <= tolerance:
-                        failures += 1
-                        print(f"WRONG {algorithm} {dtype_name} {m}x{n}x{k} {la}/{lb}: "
-                              f"relative error {err:.2e}")
+            cases = [(shape, layouts, tf32) for shape in SHAPES + EXTRA_SHAPES.get(algorithm, [])
+                     for layouts in layout_pairs for tf32 in tf32_modes(dtype)]
+            for (m, n, k), (la, lb), tf32 in cases:
+                a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
+                try:
+                    out, tolerance = run(a, b, algorithm, tf32)
+                except RuntimeError as error:
+                    if "cannot take these inputs" in str(error):  # refused by design
+                        continue
+                    raise
+                ref = a.cpu().double() @ b.cpu().double()
+                err = ((out.cpu().double() - ref).norm() / ref.norm()).item()
+                if not err <= tolerance:
+                    failures += 1
+                    print(f"WRONG {algorithm} {dtype_name}{' (TF32)' if tf32 else ''} "
+                          f"{m}x{n}x{k} {la}/{lb}: relative error {err:.2e}")
         print(f"ran {algorithm}", flush=True)
     torch.cuda.synchronize()
     return 1 if failures else 0

@@ -18,6 +18,10 @@ from conftest import (assert_matches_reference, capture_graph, gpu_available, ke
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
+# float32 with TF32 allowed runs in tf32 wgmma in the nn.Linear layout (row, col) and takes rung
+# 8's kernel in the others.
+TF32 = pytest.param(torch.float32, marks=pytest.mark.tf32, id="float32-tf32")
+DTYPES = [torch.float16, torch.bfloat16, TF32]
 
 
 needs_sm90 = pytest.mark.skipif(not sm90a_available(),
@@ -49,16 +53,41 @@ def test_refused_by_name_on_other_gpus():
 
 
 @needs_sm90
-def test_listed_on_sm90_for_16_bit_inputs_only():
+def test_listed_on_sm90():
     assert ALGORITHM in mmv.algorithms("cuda")
-    assert sorted(mmv._C.algorithm_dtypes("cuda", ALGORITHM)) == ["BFloat16", "Half"]
-    a = torch.randn(64, 64, device="cuda")
-    with pytest.raises(RuntimeError, match="'wgmma' does not support dtype Float"):
-        mmv.matmul(a, a, ALGORITHM)
+    assert sorted(mmv._C.algorithm_dtypes("cuda", ALGORITHM)) == ["BFloat16", "Float", "Half"]
+
+
+def product_kernels(run):
+    """The names of the package's kernels that run() launches (not the poisoning fill)."""
+    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("allow_tf32", [True, False])
+@pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
+def test_float32_runs_in_tf32_in_the_nn_linear_layout(allow_tf32, a_layout, b_layout):
+    """float32 takes tf32 wgmma only where the user allows TF32 and both operands are K-major
+    (x @ w.t()); otherwise rung 8's kernel, which with TF32 off keeps float32's accuracy
+    (3xTF32). auto follows the same choice."""
+    torch.manual_seed(0)
+    a, b = padded_view(300, 1000, a_layout, torch.float32), padded_view(1000, 500, b_layout,
+                                                                      torch.float32)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    try:
+        wgmma_reads = allow_tf32 and (a_layout, b_layout) == ("row", "col")
+        names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
+        expected = "wgmma_kernel" if wgmma_reads else "tensor_core_kernel"
+        assert len(names) == 1 and expected in names[0] and "float" in names[0], names
+        assert mmv.auto_choice(a, b) == (ALGORITHM if wgmma_reads else "tensor_core")
+        assert_matches_reference(a, b, ALGORITHM)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@needs_sm90
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_layouts_off_the_tile_boundaries(dtype, a_layout, b_layout):
     """Output widths that are multiples of 8 take the TMA-store epilogue, clipped at the edges;
@@ -72,7 +101,7 @@ def test_layouts_off_the_tile_boundaries(dtype, a_layout, b_layout):
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_more_tiles_than_sms_and_many_k_steps(dtype, a_layout, b_layout):
     """Each block of the persistent grid walks several tiles and the stage ring wraps many times
@@ -96,7 +125,7 @@ def test_wide_tiles_without_a_cluster(a_layout, b_layout):
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_wider_tiles(dtype, a_layout, b_layout):
     """Widths that divide into 320-column tiles in fewer waves than into 256-column ones (an
@@ -111,7 +140,7 @@ def test_wider_tiles(dtype, a_layout, b_layout):
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_every_split_count(dtype, a_layout, b_layout):
     """Outputs with too few tiles to fill half the SMs split K (from K = 4096) over a thread-block
@@ -204,7 +233,7 @@ PLAN_SHAPES = [((200, 4000, 4104), (64, 2, 1)), ((128, 1024, 4096), (8, 8, 1)),
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_mid_size_plans(dtype, a_layout, b_layout):
     """Each plan of PLAN_SHAPES computes the product in every operand layout."""
@@ -289,7 +318,7 @@ BETWEEN_SHAPES = [((1500, 1501, 1000), ("TileShape<192, 4, false>", (96, 1, 1), 
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_between_tile_plans(dtype, a_layout, b_layout):
     """The 128 x 192 and 128 x 64 tiles write the whole product, in every layout."""
@@ -308,7 +337,7 @@ def test_between_tile_plans_take_their_grids():
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
 def test_split_tail_plans(dtype, a_layout, b_layout):
     """The two launches of a split tail together write the whole product, in every layout."""
@@ -351,17 +380,18 @@ def test_transposed_plans_take_their_grids():
 
 
 @needs_sm90
+@pytest.mark.parametrize("dtype", [torch.bfloat16, TF32])
 @pytest.mark.parametrize("activation", ["none", "relu", "silu"])
-def test_split_k_with_linear_epilogue(activation):
+def test_split_k_with_linear_epilogue(dtype, activation):
     """The bias and relu are applied to the sums as they are stored: by the splits, the split
-    tails, the transposed tiles and the 128 x 192 and 128 x 64 ones (silu in a pass after the
-    kernel)."""
+    tails, the transposed tiles (16 bits) and the 128 x 192 and 128 x 64 ones (silu in a pass
+    after the kernel)."""
     torch.manual_seed(0)
     shapes = TAIL_SHAPES + TRANSPOSED_SHAPES + BETWEEN_SHAPES
     for m, n, k in SPLIT_SHAPES + [shape for shape, _ in shapes]:
-        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
-        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(m, k, device="cuda", dtype=dtype)
+        w = torch.randn(n, k, device="cuda", dtype=dtype)
+        bias = torch.randn(n, device="cuda", dtype=dtype)
         out = mmv.linear(x, w, bias, activation, ALGORITHM)
         y = x.double() @ w.double().t() + bias.double()
         ref = {"none": y, "relu": torch.relu(y), "silu": torch.nn.functional.silu(y)}[activation]
@@ -370,15 +400,19 @@ def test_split_k_with_linear_epilogue(activation):
 
 
 @needs_sm90
-def test_split_k_is_deterministic_and_graph_capturable():
+@pytest.mark.parametrize("dtype", [torch.float16, TF32])
+def test_split_k_is_deterministic_and_graph_capturable(dtype):
     """The splits are added in the same order on every run, so repeated runs give the same bits;
-    the cluster launch also runs inside a CUDA graph."""
+    the cluster launch also runs inside a CUDA graph. (float32: in the nn.Linear layout, which
+    tf32 wgmma reads, the shapes all of whose K-major views TMA can address.)"""
     torch.manual_seed(0)
-    inputs = [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-               torch.randn(k, n, device="cuda", dtype=torch.float16))
-              for m, n, k in SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES + BETWEEN_SHAPES]]
-    inputs += [(torch.randn(m, k, device="cuda", dtype=torch.float16),
-                torch.randn(n, k, device="cuda", dtype=torch.float16).t())
+    shapes = SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES + BETWEEN_SHAPES]
+    inputs = [(torch.randn(m, k, device="cuda", dtype=dtype),
+               torch.randn(k, n, device="cuda", dtype=dtype)) for m, n, k in shapes]
+    if dtype == torch.float32:
+        inputs = [(a, b.t().contiguous().t()) for a, b in inputs if a.shape[1] % 4 == 0]
+    inputs += [(torch.randn(m, k, device="cuda", dtype=dtype),
+                torch.randn(n, k, device="cuda", dtype=dtype).t())
                for (m, n, k), _ in TRANSPOSED_SHAPES]  # the nn.Linear layout: transposed tiles
     expected = [mmv.matmul(a, b, ALGORITHM) for a, b in inputs]
     for (a, b), first in zip(inputs, expected):
@@ -393,7 +427,7 @@ def test_split_k_is_deterministic_and_graph_capturable():
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_nn_linear_shapes(dtype):
     """x @ w.t() for an nn.Linear weight w [N, K], the layout models use."""
     torch.manual_seed(0)
@@ -404,7 +438,7 @@ def test_nn_linear_shapes(dtype):
 
 
 @needs_sm90
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["odd_leading_dimension", "storage_offset", "general_strides"])
 def test_views_tma_cannot_address_fall_back(dtype, case):
     torch.manual_seed(0)
@@ -422,6 +456,18 @@ def test_views_tma_cannot_address_fall_back(dtype, case):
 def test_auto_picks_wgmma_for_large_16_bit_products():
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     assert mmv.auto_choice(a, a) == ALGORITHM
+
+
+@needs_sm90
+@pytest.mark.tf32
+def test_tf32_takes_the_split_path():
+    """Outputs of few tiles split K in float32 too, counted in K steps of 32 floats: the split
+    shapes' K of 4104 is 129 steps, as many as 8208 in 16 bits."""
+    for m, n, k in SPLIT_SHAPES:
+        x = torch.randn(m, k, device="cuda")
+        w = torch.randn(n, k, device="cuda")
+        grids = kernel_grids(lambda: mmv.matmul(x, w.t(), ALGORITHM))
+        assert len(grids) == 1 and 1 < grids[0][1] <= 8, f"{m}x{n}x{k}: grids {grids}"
 
 
 @needs_sm90

@@ -65,9 +65,17 @@
 // nn.Linear weight of 14336 rows; 128 x 192 with 4 stages and 128 x 64 with 8; transposed, 128 x
 // 160 with 5 stages and 128 x 192 with 4, for K splits 128 x 80 with 7, and 128 x 96 with 6 (in
 // K splits, and in one wave over all of K where the tokens fill them).
-// fp16 and bf16 only, float32 accumulation. The epilogue converts the accumulators to the input
-// dtype into a swizzled staging buffer and stores it with TMA, so the consumers start the next
-// tile while the copy engine writes the last one.
+// fp16 and bf16 in any layout, float32 accumulation. The epilogue converts the accumulators to
+// the input dtype into a swizzled staging buffer and stores it with TMA, so the consumers start
+// the next tile while the copy engine writes the last one.
+//
+// float32 runs in TF32 where the user allows it for matmuls (as for rung 8), in the nn.Linear
+// layout (x @ w.t()): tf32 wgmma has no transposes and reads K-major tiles only. A stage still
+// holds one 128-byte swizzle row of K per tile row, 32 floats where it held 64 16-bit elements,
+// and a k8 tf32 wgmma takes as long as a k16 one at half the multiply-adds: the pipeline, the
+// tile shapes and the planner (which counts K in steps) are those of 16 bits. The transposed
+// token tiles stay 16-bit only. Other float32 layouts, and float32 with TF32 off, take rung 8's
+// kernel (TF32 mma.sync, or 3xTF32 for float32's accuracy).
 //
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
@@ -78,6 +86,8 @@
 #include "launch.cuh"
 #include "tensor_map.cuh"
 
+#include <ATen/Context.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <optional>
@@ -86,17 +96,24 @@
 namespace mm_variants::cuda {
 namespace {
 
-constexpr int BM = 128, BK = 64;
+constexpr int BM = 128;
+// A K step: one 128-byte swizzle row of K in every row of a tile, BK<T> elements (64 16-bit
+// ones, 32 floats). Its bytes, copies and wgmma time are the same for every T.
+template <typename T>
+constexpr int BK = kTmaBoxInnerOf<T>;
+constexpr int kRowBytes = kTmaRowBytes;
+constexpr int kWgmmaKBytes = 32;  // the K of one wgmma: 16 16-bit elements or 8 tf32 ones
 [[maybe_unused]] constexpr int kGroupM = 16;  // tile rows per group of the grouped tile order
 constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
 [[maybe_unused]] constexpr int kConsumersBarrier = 1 + kConsumers;  // both consumers (1, 2: each)
-constexpr int kATile = BM * BK;                    // elements of A in one stage
-constexpr int kBox = kTmaBoxInner;                 // 128 bytes: the swizzle row
-[[maybe_unused]] constexpr int kBoxBytes = kBox * kBox * 2;  // a 64 x 64 box, 8 KB
-// The epilogue stages a consumer's tile in a buffer of 64 rows x 128 columns (64 x 64 boxes).
-constexpr int kStaging = 64 * 128;
-static_assert(BK == kBox && BM == kConsumers * 64, "one swizzle row of K, 64 rows per consumer");
+constexpr int kATileBytes = BM * kRowBytes;        // A in one stage
+constexpr int kBox = kTmaBoxInner;                 // 64: 16-bit elements in a swizzle row
+[[maybe_unused]] constexpr int kBoxBytes = 64 * kRowBytes;  // a box of 64 rows, 8 KB
+// The epilogue stages a consumer's tile in a buffer of 64 rows x 256 bytes (two boxes of 64 rows).
+constexpr int kStagingRowBytes = 2 * kRowBytes;
+constexpr int kStagingBytes = 64 * kStagingRowBytes;
+static_assert(BM == kConsumers * 64, "64 rows per consumer");
 
 // The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
 // multiply-add; narrow ones, with more stages in the same shared memory, keep every SM busy on
@@ -112,23 +129,27 @@ template <int BN_, int STAGES, bool TRANSPOSED = false>
 struct TileShape {
   static constexpr int BN = BN_, kStages = STAGES;
   static constexpr bool kTransposed = TRANSPOSED;
-  static constexpr int kBTile = BN * BK;                 // elements of B in one stage
-  static constexpr int kStageBytes = (kATile + kBTile) * 2;  // what TMA delivers to a stage
+  static constexpr int kBTileBytes = BN * kRowBytes;     // B in one stage
+  static constexpr int kStageBytes = kATileBytes + kBTileBytes;  // what TMA delivers to a stage
   static constexpr int kAccumulators = BN / 2;           // per consumer thread
-  // Columns per store round: the whole staging buffer, or half of it twice over (one half is
-  // filled while TMA reads the other) where BN is not a multiple of 128. Transposed, a round
-  // stores C rows (BN / rounds of them, 64 columns each): as many rounds as 128 rows fill.
-  static constexpr int kStoreCols =
-      TRANSPOSED ? BN / ((BN + 127) / 128) : (BN % 128 == 0 ? 128 : 64);
+  // Columns of C in T per store round: the whole staging buffer, or half of it twice over (one
+  // half is filled while TMA reads the other) where BN's row of T does not fill whole buffers.
+  // Transposed (16-bit only), a round stores C rows (BN / rounds of them, 64 columns each): as
+  // many rounds as 128 rows fill.
+  template <typename T>
+  __host__ __device__ static constexpr int store_cols() {
+    if constexpr (TRANSPOSED) return BN / ((BN + 127) / 128);
+    constexpr int kRow = BN * static_cast<int>(sizeof(T));
+    return (kRow % kStagingRowBytes == 0 ? kStagingRowBytes : kRowBytes) / sizeof(T);
+  }
+  template <typename T>
   __host__ __device__ static constexpr int store_buffers() {
-    return TRANSPOSED ? 1 : 128 / kStoreCols;
+    return TRANSPOSED ? 1 : kStagingRowBytes / (store_cols<T>() * sizeof(T));
   }
   static constexpr int kPartialPitch = BN + 8;           // floats per row of a split's sums
   static constexpr int kSmemBytes =
-      kStages * kStageBytes + kConsumers * kStaging * 2 + 2 * kStages * 8 + 1024;  // + alignment
-  static_assert(BN % kStoreCols == 0 && kStoreCols % 8 == 0 && kAccumulators <= 160 &&
-                    kSmemBytes <= 227 * 1024,
-                "fits one SM and its registers");
+      kStages * kStageBytes + kConsumers * kStagingBytes + 2 * kStages * 8 + 1024;  // + alignment
+  static_assert(kAccumulators <= 160 && kSmemBytes <= 227 * 1024, "fits one SM and its registers");
   static_assert(BM * kPartialPitch * 4 <= kStages * kStageBytes, "the partial tile fits the ring");
 };
 using WideTile = TileShape<256, 4>;
@@ -147,12 +168,27 @@ using SlimTile = TileShape<64, 8>;
 
 // K splits for outputs of few tiles: clusters of at most 8 blocks (the portable limit).
 constexpr int kMaxClusterBlocks = 8;
+// The planner counts K in steps, which take as long in every dtype; K sizes in its comments are
+// those of 16-bit inputs (float32's are half as long).
 // Adding the splits costs a few microseconds per tile, which only a long K repays: on an H200 a
 // split lost a third of the speed at K = 512 and 1024 and gained up to a quarter at K >= 4096.
 // So every split has at least kMinStepsToSplit / kMaxClusterBlocks = 8 K steps, more than the
 // ring holds: its loads and its multiply-adds overlap as in an unsplit tile.
-constexpr int kMinStepsToSplit = 4096 / BK;
+constexpr int kMinStepsToSplit = 4096 / BK<uint16_t>;
 constexpr int kMinStepsPerSplit = kMinStepsToSplit / kMaxClusterBlocks;
+
+// The K steps of problem g.
+template <class G>
+int64_t k_steps_of(const G& g) {
+  return ceil_div(g.K, BK<typename G::scalar>);
+}
+
+// Whether both operands of problem G are K-contiguous: the nn.Linear layout (x @ w.t()), the
+// only one that tf32 wgmma reads, and the one that runs transposed in token tiles (16-bit only).
+template <class G>
+constexpr bool kBothKMajor = decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous;
+template <class G>
+constexpr bool kTokenTiles = kBothKMajor<G> && sizeof(typename G::scalar) == 2;
 
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
@@ -161,12 +197,13 @@ __host__ __device__ __forceinline__ int64_t tile_count(int64_t M, int64_t N) {
   return ((M - 1) / (kCluster * BM) + 1) * ((N - 1) / S::BN + 1);
 }
 
-// Where a stage's tiles live and how a k16 step of them is described to wgmma (hopper.cuh).
-// kKMajor: K is the contiguous dimension of the tile.
+// Where a stage's tiles live and how wgmma step `step` of them (kWgmmaKBytes of K) is described
+// to wgmma (hopper.cuh). kKMajor: K is the contiguous dimension of the tile (16-bit tiles may
+// be M- or N-major: 16 rows of K per step).
 template <bool kKMajor>
-__device__ __forceinline__ uint64_t step_descriptor(const uint16_t* tile, int k16) {
-  if constexpr (kKMajor) return hopper::smem_descriptor(tile + 16 * k16, 16, 1024);
-  return hopper::smem_descriptor(tile + 16 * kBox * k16, kBoxBytes, 1024);
+__device__ __forceinline__ uint64_t step_descriptor(const uint8_t* tile, int step) {
+  if constexpr (kKMajor) return hopper::smem_descriptor(tile + kWgmmaKBytes * step, 16, 1024);
+  return hopper::smem_descriptor(tile + 16 * kRowBytes * step, kBoxBytes, 1024);
 }
 
 // The tiles of a persistent block: every gridDim.x / kCluster-th cluster tile from its cluster's
@@ -203,11 +240,11 @@ struct ClusterPlace {
 // the cluster, then copies A (BM x BK) into its own block and its 1 / kCluster share of B
 // (BN x BK) into every block of the cluster. K-major tiles are boxes of 64 x rows; M/N-major
 // tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
-template <class S, bool kAK, bool kBK, int kCluster>
+template <class S, typename T, bool kAK, bool kBK, int kCluster>
 __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
-                        const CUtensorMap* b_map, uint16_t* a_tiles,
-                        uint16_t* b_tiles, uint64_t* full, uint64_t* empty, int M, int N,
-                        StepRange steps, ClusterPlace place) {
+                        const CUtensorMap* b_map, uint8_t* a_tiles, uint8_t* b_tiles,
+                        uint64_t* full, uint64_t* empty, int M, int N, StepRange steps,
+                        ClusterPlace place) {
   const TileWalk<S, kCluster> walk(M, N);
   const int rank = place.rank;
   const uint16_t group_ctas = static_cast<uint16_t>(((1u << kCluster) - 1) << place.group_cta);
@@ -217,7 +254,7 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
   const hopper::L2Policy a_l2 = N <= S::BN ? hopper::l2_evict_first() : hopper::L2Policy{};
   const hopper::L2Policy b_l2 =
       M <= kCluster * BM ? hopper::l2_evict_first() : hopper::L2Policy{};
-  const auto load_b = [&](uint16_t* dst, uint64_t* bar, int c0, int c1) {
+  const auto load_b = [&](uint8_t* dst, uint64_t* bar, int c0, int c1) {
     if constexpr (kCluster == 1) {
       hopper::tma_load_2d(dst, b_map, bar, c0, c1, b_l2);
     } else {
@@ -236,11 +273,11 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
     const int a_rows = rows_past_m ? 0 : kAK ? min(BM, M - origin.x) : BM;
     const CUtensorMap* a_box_map = a_rows == BM ? a_map : a_tail_map;
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
-      const int s = it % S::kStages, k0 = ks * BK;
+      const int s = it % S::kStages, k0 = ks * BK<T>;
       hopper::mbarrier_wait(&empty[s], ((it / S::kStages) & 1) ^ 1);
-      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes - (BM - a_rows) * BK * 2);
-      uint16_t* a = a_tiles + s * kATile;
-      uint16_t* b = b_tiles + s * S::kBTile;
+      hopper::mbarrier_arrive_expect_tx(&full[s], S::kStageBytes - (BM - a_rows) * kRowBytes);
+      uint8_t* a = a_tiles + s * kATileBytes;
+      uint8_t* b = b_tiles + s * S::kBTileBytes;
       if (rows_past_m) {
         // nothing of A to load
       } else if constexpr (kAK) {
@@ -248,15 +285,14 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
       } else {
 #pragma unroll
         for (int j = 0; j < BM / kBox; ++j)
-          hopper::tma_load_2d(a + j * kBox * kBox, a_map, &full[s], origin.x + j * kBox, k0,
-                              a_l2);
+          hopper::tma_load_2d(a + j * kBoxBytes, a_map, &full[s], origin.x + j * kBox, k0, a_l2);
       }
       if constexpr (kBK) {  // this block's BN / kCluster rows of the tile
         constexpr int kRows = S::BN / kCluster;
-        load_b(b + rank * kRows * kBox, &full[s], k0, n0 + rank * kRows);
+        load_b(b + rank * kRows * kRowBytes, &full[s], k0, n0 + rank * kRows);
       } else {  // this block's boxes of the tile: every kCluster-th from its rank
         for (int box = rank; box < S::BN / kBox; box += kCluster) {
-          load_b(b + box * kBox * kBox, &full[s], n0 + box * kBox, k0);
+          load_b(b + box * kBoxBytes, &full[s], n0 + box * kBox, k0);
         }
       }
     }
@@ -301,37 +337,44 @@ __device__ __forceinline__ void store_tile(const float (&acc)[S::kAccumulators],
   }
 }
 
-// The epilogue for the rest: the warpgroup writes S::kStoreCols columns of its accumulators into
-// its staging buffer, as 64 x 64 boxes with the 128-byte swizzle the copies use (conflict-free: the
-// 8 rows of a warp's store land in 8 different 16-byte chunks), and one thread hands the boxes to
-// TMA, which stores them (clipped at the matrix edges) while the warpgroup moves on. Before a
-// buffer is refilled, the stores that read it must have done so.
+// The epilogue for the rest: the warpgroup writes store_cols<T>() columns of its accumulators
+// into its staging buffer, as boxes of 64 rows x 128 bytes with the 128-byte swizzle the copies
+// use (conflict-free: the 8 rows of a warp's store land in 8 different 16-byte chunks, or for
+// floats 16 chunks in two wavefronts), and one thread hands the boxes to TMA, which stores them
+// (clipped at the matrix edges) while the warpgroup moves on. Before a buffer is refilled, the
+// stores that read it must have done so.
 template <class S, typename T, class Epi>
 __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumulators],
-                                                 const Epi& epi, uint16_t* staging,
+                                                 const Epi& epi, uint8_t* staging,
                                                  const CUtensorMap* c_map, int consumer, int row0,
                                                  int col0) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
   const bool issuer = threadIdx.x % 128 == 0;
   const int barrier = 1 + consumer;
-  constexpr int kStoreCols = S::kStoreCols;
+  constexpr int kStoreCols = S::template store_cols<T>();
+  constexpr int kBuffers = S::template store_buffers<T>();
+  constexpr int kBoxCols = kRowBytes / sizeof(T);  // columns of C in a box
+  static_assert(S::BN % kStoreCols == 0 && kStoreCols % kBoxCols == 0, "whole boxes a round");
 #pragma unroll
   for (int round = 0; round < S::BN / kStoreCols; ++round) {
-    // Round r fills buffer r % store_buffers(); the previous tile's rounds (their number may be
-    // odd) must all have been read before the first.
-    uint16_t* buffer = staging + round % S::store_buffers() * (64 * kStoreCols);
+    // Round r fills buffer r % kBuffers; the previous tile's rounds (their number may be odd)
+    // must all have been read before the first.
+    uint8_t* buffer = staging + round % kBuffers * (64 * kStoreCols * sizeof(T));
     if (issuer) {
       if (round == 0) {
         hopper::tma_store_wait_read<0>();
       } else {
-        hopper::tma_store_wait_read<S::store_buffers() - 1>();
+        hopper::tma_store_wait_read<kBuffers - 1>();
       }
     }
     hopper::named_barrier_sync(barrier, 128);
 #pragma unroll
     for (int jj = 0; jj < kStoreCols / 8; ++jj) {
       const int j = round * (kStoreCols / 8) + jj;
-      uint8_t* box = reinterpret_cast<uint8_t*>(buffer + jj / 8 * kBox * kBox);
+      // The thread's two columns: their bytes in the round's row, then in their box's row.
+      const int byte = (8 * jj + 2 * (lane % 4)) * static_cast<int>(sizeof(T));
+      uint8_t* box = buffer + byte / kRowBytes * kBoxBytes;
+      const int in_row = byte % kRowBytes;
       const int col = col0 + round * kStoreCols + 8 * jj + 2 * (lane % 4);
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
@@ -339,17 +382,17 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
         Vec<T, 2> v;
         v.v[0] = static_cast<T>(epi(acc[4 * j + 2 * h], col));
         v.v[1] = static_cast<T>(epi(acc[4 * j + 2 * h + 1], col + 1));
-        *reinterpret_cast<Vec<T, 2>*>(box + row * 128 + ((jj % 8) ^ (row % 8)) * 16 +
-                                      lane % 4 * 4) = v;
+        *reinterpret_cast<Vec<T, 2>*>(box + row * kRowBytes + ((in_row / 16) ^ (row % 8)) * 16 +
+                                      in_row % 16) = v;
       }
     }
     hopper::fence_async_shared();
     hopper::named_barrier_sync(barrier, 128);
     if (issuer) {
 #pragma unroll
-      for (int b = 0; b < kStoreCols / kBox; ++b) {
-        hopper::tma_store_2d(c_map, buffer + b * kBox * kBox, col0 + round * kStoreCols + b * kBox,
-                             row0);
+      for (int b = 0; b < kStoreCols / kBoxCols; ++b) {
+        hopper::tma_store_2d(c_map, buffer + b * kBoxBytes,
+                             col0 + round * kStoreCols + b * kBoxCols, row0);
       }
       hopper::tma_store_commit();
     }
@@ -357,21 +400,22 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
 }
 
 // The epilogue of a transposed tile (S::kTransposed): the consumer's 64 rows of the tile are 64
-// columns of C, one 128-byte swizzle row of each C row. A round writes S::kStoreCols of C's rows
+// columns of C, one 128-byte swizzle row of each C row. A round writes store_cols() of C's rows
 // into the staging buffer, one element per store (a thread's neighbouring accumulators lie in
 // neighbouring C rows); the 8 rows of a warp's store share a 16-byte chunk and its 4 columns
 // fall in 4 chunks of different swizzle phase, so the stores are conflict-free. TMA then stores
-// the box of 64 columns x S::kStoreCols rows, clipped at C's edges.
+// the box of 64 columns x store_cols() rows, clipped at C's edges.
 template <class S, typename T, class Epi>
 __device__ __forceinline__ void store_tile_transposed_async(const float (&acc)[S::kAccumulators],
-                                                            const Epi& epi, uint16_t* staging,
+                                                            const Epi& epi, uint8_t* staging,
                                                             const CUtensorMap* c_map,
                                                             int consumer, int row0, int col0) {
+  static_assert(sizeof(T) == 2, "a consumer's 64 rows are one 128-byte row of each C row");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
   const bool issuer = threadIdx.x % 128 == 0;
   const int barrier = 1 + consumer;
-  constexpr int kRows = S::kStoreCols;  // rows of C per round
-  uint8_t* buffer = reinterpret_cast<uint8_t*>(staging);
+  constexpr int kRows = S::template store_cols<T>();  // rows of C per round
+  uint8_t* buffer = staging;
 #pragma unroll
   for (int round = 0; round < S::BN / kRows; ++round) {
     if (issuer) hopper::tma_store_wait_read<0>();  // the buffer's last store has read it
@@ -480,35 +524,47 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, ClusterPlace place)
   }
 }
 
-// acc (+)= a[64 x 16] b[16 x BN] for k16 step `k16` of a stage: one wgmma, or for BN > 256 (the
+// acc[64 x N] (+)= a b for wgmma step `step` of a stage: a k16 wgmma in fp16 or bf16, a k8 one
+// in tf32 for float32 inputs (both tiles K-major).
+template <int N, typename T, bool kAK, bool kBK>
+__device__ __forceinline__ void wgmma_step(float (&acc)[N / 2], uint64_t a_desc,
+                                           uint64_t b_desc, bool accumulate) {
+  if constexpr (std::is_same_v<T, float>) {
+    static_assert(kAK && kBK, "tf32 wgmma reads K-major tiles only");
+    hopper::wgmma_m64k8_tf32<N>(acc, a_desc, b_desc, accumulate);
+  } else {
+    constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
+    hopper::wgmma_m64k16<N, kBf16, !kAK, !kBK>(acc, a_desc, b_desc, accumulate);
+  }
+}
+
+// acc (+)= a[64 x k] b[k x BN] for wgmma step `step` of a stage: one wgmma, or for BN > 256 (the
 // instruction's largest N) two, the first over B's first 256 columns. Their accumulators are
 // consecutive in acc as one wgmma's would be, and 256 columns are whole swizzle atoms (K-major B)
 // or whole 64-column boxes (N-major B).
-template <class S, bool kBf16, bool kAK, bool kBK>
-__device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], const uint16_t* a,
-                                              const uint16_t* b, int k16, bool accumulate) {
-  const uint64_t a_desc = step_descriptor<kAK>(a, k16);
+template <class S, typename T, bool kAK, bool kBK>
+__device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], const uint8_t* a,
+                                              const uint8_t* b, int step, bool accumulate) {
+  const uint64_t a_desc = step_descriptor<kAK>(a, step);
   if constexpr (S::BN <= 256) {
-    hopper::wgmma_m64k16<S::BN, kBf16, !kAK, !kBK>(acc, a_desc, step_descriptor<kBK>(b, k16),
-                                                    accumulate);
+    wgmma_step<S::BN, T, kAK, kBK>(acc, a_desc, step_descriptor<kBK>(b, step), accumulate);
   } else {
     constexpr int kRest = S::BN - 256;
     auto& first = *reinterpret_cast<float(*)[128]>(acc);
     auto& rest = *reinterpret_cast<float(*)[kRest / 2]>(acc + 128);
-    hopper::wgmma_m64k16<256, kBf16, !kAK, !kBK>(first, a_desc, step_descriptor<kBK>(b, k16),
-                                                  accumulate);
-    hopper::wgmma_m64k16<kRest, kBf16, !kAK, !kBK>(
-        rest, a_desc, step_descriptor<kBK>(b + 256 * kBox, k16), accumulate);
+    wgmma_step<256, T, kAK, kBK>(first, a_desc, step_descriptor<kBK>(b, step), accumulate);
+    wgmma_step<kRest, T, kAK, kBK>(rest, a_desc,
+                                   step_descriptor<kBK>(b + 256 * kRowBytes, step), accumulate);
   }
 }
 
-// A consumer warpgroup: for each tile, BK / 16 multiply steps per stage into its 64 rows, at most
-// one group in flight; a stage is handed back once the group that read it has completed.
+// A consumer warpgroup: for each tile, kRowBytes / kWgmmaKBytes multiply steps per stage into
+// its 64 rows, at most one group in flight; a stage is handed back once the group that read it
+// has completed.
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
-__device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint16_t* staging,
+__device__ void consume(int consumer, uint8_t* a_tiles, uint8_t* b_tiles, uint8_t* staging,
                         uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, const Epi& epi,
                         T* c, int ldc, int M, int N, StepRange steps, ClusterPlace place) {
-  constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
   const TileWalk<S, kCluster> walk(M, N);
   const bool warp_leader = threadIdx.x % 32 == 0;
   float acc[S::kAccumulators];
@@ -527,13 +583,13 @@ __device__ void consume(int consumer, uint16_t* a_tiles, uint16_t* b_tiles, uint
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages;
       hopper::mbarrier_wait(&full[s], (it / S::kStages) & 1);
-      const uint16_t* a = a_tiles + s * kATile + consumer * 64 * BK;
-      const uint16_t* b = b_tiles + s * S::kBTile;
+      const uint8_t* a = a_tiles + s * kATileBytes + consumer * 64 * kRowBytes;
+      const uint8_t* b = b_tiles + s * S::kBTileBytes;
       hopper::fence_registers(acc);
       hopper::wgmma_fence();
 #pragma unroll
-      for (int k16 = 0; k16 < BK / 16; ++k16) {
-        multiply_step<S, kBf16, kAK, kBK>(acc, a, b, k16, ks > steps.begin || k16 > 0);
+      for (int step = 0; step < kRowBytes / kWgmmaKBytes; ++step) {
+        multiply_step<S, T, kAK, kBK>(acc, a, b, step, ks > steps.begin || step > 0);
       }
       hopper::wgmma_commit();
       hopper::wgmma_wait<1>();
@@ -585,12 +641,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // the same in every block, as multicast copies and remote arrivals need.
   uint8_t* smem = reinterpret_cast<uint8_t*>(
       (reinterpret_cast<uintptr_t>(smem_raw) + 1023) / 1024 * 1024);
-  uint16_t* a_tiles = reinterpret_cast<uint16_t*>(smem);
-  uint16_t* b_tiles = a_tiles + S::kStages * kATile;
-  uint16_t* staging = b_tiles + S::kStages * S::kBTile;  // one buffer per consumer
-  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStaging);
+  uint8_t* a_tiles = smem;
+  uint8_t* b_tiles = a_tiles + S::kStages * kATileBytes;
+  uint8_t* staging = b_tiles + S::kStages * S::kBTileBytes;  // one buffer per consumer
+  uint64_t* full = reinterpret_cast<uint64_t*>(staging + kConsumers * kStagingBytes);
   uint64_t* empty = full + S::kStages;
-  const int k_steps = (K - 1) / BK + 1;
+  const int k_steps = (K - 1) / BK<T> + 1;
   const int split = static_cast<int>(blockIdx.y), splits = static_cast<int>(gridDim.y);
   // Cluster ranks count along x first: the groups of kCluster blocks lie one per split.
   const ClusterPlace place{static_cast<int>(blockIdx.x) % kCluster, split * kCluster};
@@ -623,15 +679,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (warpgroup == 0) {
     hopper::setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
-      produce<S, kAK, kBK, kCluster>(&a_map, &a_tail_map, &b_map, a_tiles, b_tiles, full, empty,
-                                     M, N, steps, place);
+      produce<S, T, kAK, kBK, kCluster>(&a_map, &a_tail_map, &b_map, a_tiles, b_tiles, full,
+                                        empty, M, N, steps, place);
     }
   } else {
     hopper::setmaxnreg_inc<kConsumerRegs>();
     const int consumer = warpgroup - 1;
-    consume<S, T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles, staging + consumer * kStaging,
-                                      full, empty, tma_store ? &c_map : nullptr, epi, c, ldc, M,
-                                      N, steps, place);
+    consume<S, T, kAK, kBK, kCluster>(consumer, a_tiles, b_tiles,
+                                      staging + consumer * kStagingBytes, full, empty,
+                                      tma_store ? &c_map : nullptr, epi, c, ldc, M, N, steps,
+                                      place);
   }
   if (splits > 1) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
@@ -687,15 +744,16 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
   // or whole tiles of columns past it).
   // Transposed, C's rows are the tile's columns (g.N of them) and a box holds a round's rows.
   const bool tma_store = g.ldc % (16 / sizeof(T)) == 0;
-  const CUtensorMap c_map = !tma_store      ? CUtensorMap{}
-                            : S::kTransposed ? tile_map<T>(g.c, g.M, g.N, g.ldc, S::kStoreCols)
-                                             : tile_map<T>(g.c, g.N, g.M, g.ldc, kBox);
+  const CUtensorMap c_map =
+      !tma_store       ? CUtensorMap{}
+      : S::kTransposed ? tile_map<T>(g.c, g.M, g.N, g.ldc, S::template store_cols<T>())
+                       : tile_map<T>(g.c, g.N, g.M, g.ldc, 64);
   auto* kernel = kernel_for<S, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "torch_mm_variants: output ", g.M, "x", g.N,
               " has too many tiles for one grid");
-  const unsigned splits = ceil_div(ceil_div(g.K, BK), steps_per_split);
+  const unsigned splits = ceil_div(k_steps_of(g), steps_per_split);
   if (splits > 1) {
     KernelLaunch split_launch(dim3(static_cast<unsigned>(cluster_tiles * kCluster), splits),
                               kThreads, S::kSmemBytes);
@@ -735,7 +793,7 @@ int64_t paired_blocks(int64_t M, int64_t N) {
 
 // K steps from which pairs of blocks repay their cluster's barriers over any waves (K = 4096,
 // where K splits start to repay their adding too).
-constexpr int kLongKSteps = 4096 / BK;
+constexpr int kLongKSteps = 4096 / BK<uint16_t>;
 
 // Whether pairs sharing B repay their cluster's barriers: over a long K (kLongKSteps steps or
 // more), or where the tiles fill their waves (95%), which leaves L2 no bandwidth to spare. On
@@ -743,8 +801,8 @@ constexpr int kLongKSteps = 4096 / BK;
 // K = 4096 (256-1536 rows against weights of 4096-28672 rows) and 0.99-1.08 times at K = 1024-3072
 // over full waves, but 0.9-0.97 times over partial ones (1280 x 2048 x 2048, 2560 x 1024 x 1024,
 // 2304^3, 1536^3); 128 x 128 tiles 0.88-0.9 times on 1280^3 (100 tiles).
-bool pairing_pays(int64_t tiles, int64_t K, int sms) {
-  return ceil_div(K, BK) >= kLongKSteps || wave_efficiency(tiles, sms) >= 0.95;
+bool pairing_pays(int64_t tiles, int64_t k_steps, int sms) {
+  return k_steps >= kLongKSteps || wave_efficiency(tiles, sms) >= 0.95;
 }
 
 // Whether blocks of tile shape S pair along M to share B. Wide tiles pair wherever there are two
@@ -761,7 +819,7 @@ bool pairing_pays(int64_t tiles, int64_t K, int sms) {
 // (H100, bf16, squares of 512-1024 with K = 512-3072: single blocks 1.02-1.26 times as fast; 128
 // tiles on 512 x 4096: pairs 1.02-1.05 times as fast); and where pairing_pays.
 template <class S>
-bool pairs_along_m(int64_t M, int64_t N, int64_t K, int sms) {
+bool pairs_along_m(int64_t M, int64_t N, int64_t k_steps, int sms) {
   constexpr bool kNarrow = std::is_same_v<S, NarrowTile>;
   // Wide, wider and token tiles read enough B per block that sharing it pays over any K.
   constexpr bool kPairsOnlyWherePaying = kNarrow || std::is_same_v<S, MidTile>;
@@ -769,23 +827,23 @@ bool pairs_along_m(int64_t M, int64_t N, int64_t K, int sms) {
   const bool pairs_fit =
       kNarrow ? rows_pair_evenly(M) && 2 * tiles > sms
               : M > BM && waves(paired_blocks<S>(M, N), sms) <= waves(tiles, sms);
-  return pairs_fit && (!kPairsOnlyWherePaying || pairing_pays(tiles, K, sms));
+  return pairs_fit && (!kPairsOnlyWherePaying || pairing_pays(tiles, k_steps, sms));
 }
 
 // Estimated time, in waves of wide tiles, of an M x N output in tile shape S over all of K,
 // paired where pairs_along_m says so. A tile of S has S::BN / WideTile::BN of a wide one's
 // multiply-adds, taken as done at the same speed.
 template <class S>
-double tile_waves(int64_t M, int64_t N, int64_t K, int sms) {
+double tile_waves(int64_t M, int64_t N, int64_t k_steps, int sms) {
   const int64_t blocks =
-      pairs_along_m<S>(M, N, K, sms) ? paired_blocks<S>(M, N) : tile_count<S>(M, N);
+      pairs_along_m<S>(M, N, k_steps, sms) ? paired_blocks<S>(M, N) : tile_count<S>(M, N);
   return static_cast<double>(waves(blocks, sms) * S::BN) / WideTile::BN;
 }
 
 // Launches tile shape S over all of K, in pairs along M that share B tiles or alone.
 template <class S, class G, class Epi>
 void launch_tiles(const G& g, const Epi& epi, bool paired) {
-  const int all_steps = static_cast<int>(ceil_div(g.K, BK));
+  const int all_steps = static_cast<int>(k_steps_of(g));
   if (paired) {
     launch<S, 2>(g, epi, all_steps);
   } else {
@@ -797,7 +855,7 @@ void launch_tiles(const G& g, const Epi& epi, bool paired) {
 template <class S, class G, class Epi>
 void launch_tiles(const G& g, const Epi& epi) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  launch_tiles<S>(g, epi, pairs_along_m<S>(g.M, g.N, g.K, sms));
+  launch_tiles<S>(g, epi, pairs_along_m<S>(g.M, g.N, k_steps_of(g), sms));
 }
 
 // A K split in one wave of blocks: its K steps per split, and its estimated time, the work of
@@ -811,7 +869,7 @@ struct KSplit {
 // max_splits) whose clusters all fit at once; none where that leaves K whole.
 template <class S, int kCluster, class G, class Epi>
 std::optional<KSplit> k_split(const G& g, int64_t groups, int max_splits) {
-  const int64_t k_steps = ceil_div(g.K, BK);
+  const int64_t k_steps = k_steps_of(g);
   const int per_split =
       steps_per_split(kernel_for<S, kCluster, G, Epi>(), kThreads, S::kSmemBytes, kCluster,
                       groups, k_steps, max_splits, kMinStepsPerSplit);
@@ -843,7 +901,7 @@ int split_limit(int64_t tiles, int sms) {
 template <class G, class Epi>
 std::optional<KSplit> narrow_split(const G& g, int sms) {
   using S = NarrowTile;
-  const int64_t tiles = tile_count<S>(g.M, g.N), k_steps = ceil_div(g.K, BK);
+  const int64_t tiles = tile_count<S>(g.M, g.N), k_steps = k_steps_of(g);
   if (k_steps > 2 * kMinStepsToSplit || 2 * tiles > sms) return std::nullopt;
   return k_split<S, 1, G, Epi>(g, tiles, split_limit(tiles, sms));
 }
@@ -865,8 +923,7 @@ std::optional<KSplit> slim_split(const G& g, int sms) {
 // The nn.Linear product as C^T = W X^T (see TileShape): the weight as the M operand.
 template <class G>
 G transposed(const G& g) {
-  static_assert(decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous,
-                "both operands K-contiguous: swapped, they keep their panel types");
+  static_assert(kTokenTiles<G>, "both operands K-contiguous: swapped, they keep their panel types");
   G t = g;
   t.a = g.b;
   t.b = g.a;
@@ -948,7 +1005,7 @@ bool launch_transposed_split_if_faster(const G& g, const Epi& epi, int sms, doub
 // measured, before the 128 x 64 tiles. Returns whether it launched.
 template <class G, class Epi>
 bool launch_split(const G& g, const Epi& epi, int sms) {
-  if (ceil_div(g.K, BK) < kMinStepsToSplit) return false;
+  if (k_steps_of(g) < kMinStepsToSplit) return false;
   const std::optional<KSplit> slim = slim_split<G, Epi>(g, sms);
   const auto launch_slim = [&] {
     launch<SlimTile, 1>(g, epi, slim->per_split);
@@ -963,7 +1020,7 @@ bool launch_split(const G& g, const Epi& epi, int sms) {
   const std::optional<KSplit> wide =
       pairs ? wide_split<2, G, Epi>(g, sms) : wide_split<1, G, Epi>(g, sms);
   if (!wide) return slim && launch_slim();
-  if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
+  if constexpr (kTokenTiles<G>) {
     if (launch_transposed_split_if_faster(g, epi, sms, wide->cost)) return true;
   }
   if (slim && slim->cost <= wide->cost) return launch_slim();
@@ -1009,7 +1066,7 @@ std::optional<SplitTail> split_tail(const G& g, int sms) {
   const int64_t rows = ceil_div(g.M, BM), columns = ceil_div(g.N, S::BN);
   const int64_t full_waves = rows * columns / sms, head_columns = full_waves * sms / rows;
   if (head_columns == 0 || head_columns >= columns) return std::nullopt;
-  const int64_t tail_tiles = (columns - head_columns) * rows, k_steps = ceil_div(g.K, BK);
+  const int64_t tail_tiles = (columns - head_columns) * rows, k_steps = k_steps_of(g);
   const int per_split =
       steps_per_split(kernel_for<S, 1, G, Epi>(), kThreads, S::kSmemBytes, 1, tail_tiles,
                       k_steps, kMaxClusterBlocks, kMinStepsPerSplit);
@@ -1047,8 +1104,8 @@ void launch_transposed(const G& g, const Epi& epi) {
 template <class G, class Epi>
 bool launch_transposed_if_faster(const G& g, const Epi& epi, int sms, double plan_waves) {
   // Transposed, the weight's rows are the M of 128-row tiles and the tokens their N.
-  const double t160 = tile_waves<Tokens160Tile>(g.N, g.M, g.K, sms);
-  const double t192 = tile_waves<Tokens192Tile>(g.N, g.M, g.K, sms);
+  const double t160 = tile_waves<Tokens160Tile>(g.N, g.M, k_steps_of(g), sms);
+  const double t192 = tile_waves<Tokens192Tile>(g.N, g.M, k_steps_of(g), sms);
   if (std::min(t160, t192) >= plan_waves) return false;
   if (t160 <= t192) {
     launch_transposed<Tokens160Tile>(g, epi);
@@ -1077,11 +1134,11 @@ bool narrow_tiles_fill(int64_t M, int64_t N, int sms) {
 // they ran 1.0-1.15 times as fast as the splits they replaced at 192-256 tokens against 4096
 // weight rows, 384-512 against 2048 and 768 against 1024 (K = 4096), and at 128 tokens against
 // 8192 rows up to K = 14336; over longer K with more tile rows, up to 1.3 times as long.
-bool slim_tiles_fill(int64_t M, int64_t N, int64_t K, int sms) {
+bool slim_tiles_fill(int64_t M, int64_t N, int64_t k_steps, int sms) {
   const int64_t tiles = tile_count<SlimTile>(M, N);
   const double data_tiles =
       static_cast<double>(M) / BM * static_cast<double>(ceil_div(N, SlimTile::BN));
-  const bool short_k = ceil_div(K, BK) <= kMinStepsToSplit;
+  const bool short_k = k_steps <= kMinStepsToSplit;
   return tiles <= sms && data_tiles >= 0.7 * sms && (short_k || M <= BM);
 }
 
@@ -1097,11 +1154,10 @@ bool slim_tiles_fill(int64_t M, int64_t N, int64_t K, int sms) {
 // than single blocks (L2 holds the tokens), and 96-token tiles whose last one holds a third of
 // its tokens (320) lost to the plans they would replace.
 template <class S>
-bool token_tiles_fill(int64_t M, int64_t N, int64_t K, int sms, double min_fill = 0.95) {
+bool token_tiles_fill(int64_t M, int64_t N, int64_t k_steps, int sms, double min_fill = 0.95) {
   static_assert(S::kTransposed, "token tiles hold tokens in their columns");
   const int64_t token_tiles = ceil_div(M, S::BN), tiles = token_tiles * ceil_div(N, BM);
   const bool tokens_fill = M >= min_fill * static_cast<double>(token_tiles * S::BN);
-  const int64_t k_steps = ceil_div(K, BK);
   const bool replaces_split = k_steps <= kMinStepsToSplit;
   const bool replaces_narrow = k_steps <= 2 * kMinStepsToSplit && narrow_tiles_fill(M, N, sms);
   return tiles <= sms && tiles >= 0.7 * sms && tokens_fill && (replaces_split || replaces_narrow);
@@ -1116,15 +1172,15 @@ bool token_tiles_fill(int64_t M, int64_t N, int64_t K, int sms, double min_fill 
 // took 1.07-1.08 where they replaced narrow tiles (160 x 8192 x 4096), 1.01-1.23 where they would
 // replace 128 x 64 tiles (240 tokens on 4096 rows, 480 on 2048), and 1.05-1.08 at 608 tokens on
 // 2048 rows, whose tiles are 95% full.
-bool eighty_token_wave_takes(int64_t M, int64_t N, int64_t K, int sms) {
-  return !narrow_tiles_fill(M, N, sms) && !slim_tiles_fill(M, N, K, sms) &&
-         token_tiles_fill<Tokens80Tile>(M, N, K, sms, 0.97);
+bool eighty_token_wave_takes(int64_t M, int64_t N, int64_t k_steps, int sms) {
+  return !narrow_tiles_fill(M, N, sms) && !slim_tiles_fill(M, N, k_steps, sms) &&
+         token_tiles_fill<Tokens80Tile>(M, N, k_steps, sms, 0.97);
 }
 
 // Launches the nn.Linear product transposed in one wave of token tiles S, unpaired, over all of K.
 template <class S, class G, class Epi>
 void launch_token_wave(const G& g, const Epi& epi) {
-  launch<S, 1>(transposed(g), epi, static_cast<int>(ceil_div(g.K, BK)));
+  launch<S, 1>(transposed(g), epi, static_cast<int>(k_steps_of(g)));
 }
 
 // The tile shapes of outputs run in whole tiles over all of K.
@@ -1151,7 +1207,7 @@ constexpr double kMidSpeed = 0.95;
 // layouts) they ran 1.03-1.3 times as fast as the plans they replaced on squares of 1536-4352
 // and on 256-3072 rows against weights of 2048-28672 x 1024-14336, and from 2% slower to 2%
 // faster where they replaced transposed tiles or a split tail.
-TilePlan whole_tile_plan(int64_t M, int64_t N, int64_t K, int sms) {
+TilePlan whole_tile_plan(int64_t M, int64_t N, int64_t k_steps, int sms) {
   const int64_t narrow_tiles = tile_count<NarrowTile>(M, N);
   const int64_t wide_tiles = tile_count<WideTile>(M, N);
   const int64_t wider_time = waves(paired_blocks<WiderTile>(M, N), sms) * WiderTile::BN;
@@ -1161,12 +1217,12 @@ TilePlan whole_tile_plan(int64_t M, int64_t N, int64_t K, int sms) {
     // A narrow tile has half a wide one's multiply-adds, done at nine tenths of its speed, or at
     // its speed in pairs sharing B (H100: split tails ran up to a tenth slower than paired narrow
     // tiles estimated at nine tenths).
-    const double narrow_wave = pairs_along_m<NarrowTile>(M, N, K, sms) ? 0.5 : 0.5 / 0.9;
+    const double narrow_wave = pairs_along_m<NarrowTile>(M, N, k_steps, sms) ? 0.5 : 0.5 / 0.9;
     plan = {Tiles::kNarrow, waves(narrow_tiles, sms) * narrow_wave};
   } else if (M > BM && wider_time < wide_time) {
     plan = {Tiles::kWider, static_cast<double>(wider_time) / WideTile::BN};
   }
-  const double mid_waves = tile_waves<MidTile>(M, N, K, sms);
+  const double mid_waves = tile_waves<MidTile>(M, N, k_steps, sms);
   const bool take_mid = plan.tiles == Tiles::kNarrow ? mid_waves <= plan.waves
                                                      : mid_waves < kMidSpeed * plan.waves;
   return take_mid ? TilePlan{Tiles::kMid, mid_waves} : plan;
@@ -1183,7 +1239,7 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
     case Tiles::kWide:
       return launch_tiles<WideTile>(g, epi);
     case Tiles::kWider:
-      return launch<WiderTile, 2>(g, epi, static_cast<int>(ceil_div(g.K, BK)));
+      return launch<WiderTile, 2>(g, epi, static_cast<int>(k_steps_of(g)));
   }
 }
 
@@ -1201,38 +1257,62 @@ void launch_whole_tiles(const G& g, const Epi& epi, Tiles tiles) {
 template <class G, class Epi = NoEpilogue>
 void launch(const G& g, const Epi& epi = {}) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
-    if (token_tiles_fill<Tokens96Tile>(g.M, g.N, g.K, sms)) {
+  const int64_t k_steps = k_steps_of(g);
+  if constexpr (kTokenTiles<G>) {
+    if (token_tiles_fill<Tokens96Tile>(g.M, g.N, k_steps, sms)) {
       return launch_token_wave<Tokens96Tile>(g, epi);
     }
-    if (eighty_token_wave_takes(g.M, g.N, g.K, sms)) return launch_token_wave<Tokens80Tile>(g, epi);
+    if (eighty_token_wave_takes(g.M, g.N, k_steps, sms)) {
+      return launch_token_wave<Tokens80Tile>(g, epi);
+    }
   }
   if (narrow_tiles_fill(g.M, g.N, sms)) return launch_tiles<NarrowTile>(g, epi);
-  if (slim_tiles_fill(g.M, g.N, g.K, sms)) return launch_tiles<SlimTile>(g, epi, false);
+  if (slim_tiles_fill(g.M, g.N, k_steps, sms)) return launch_tiles<SlimTile>(g, epi, false);
   if (launch_split(g, epi, sms)) return;
   if (tile_count<SlimTile>(g.M, g.N) <= sms) return launch_tiles<SlimTile>(g, epi, false);
-  const TilePlan plan = whole_tile_plan(g.M, g.N, g.K, sms);
+  const TilePlan plan = whole_tile_plan(g.M, g.N, k_steps, sms);
   const std::optional<SplitTail> tail = split_tail<G, Epi>(g, sms);
   const bool take_tail = tail && tail->waves < plan.waves;
-  if constexpr (decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous) {
+  if constexpr (kTokenTiles<G>) {
     if (launch_transposed_if_faster(g, epi, sms, take_tail ? tail->waves : plan.waves)) return;
   }
   if (take_tail) return launch_split_tail(g, epi, *tail);
   launch_whole_tiles(g, epi, plan.tiles);
 }
 
-// Calls f(gemm) for out = a @ b when TMA can address both operands; other views go to rung 8
-// (`fallback(tensor_core)`), never to a copy engine fault.
+// Calls f(c10::Half{}), f(c10::BFloat16{}) or f(float{}) for the input dtype.
+template <typename F>
+void dispatch_wgmma_dtype(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kFloat) return f(float{});
+  dispatch_16bit(dtype, f);
+}
+
+// Whether this rung multiplies operands of a dtype and layout that TMA can address (16-byte
+// aligned): 16-bit ones in any layout, float32 in TF32 where the user allows it for matmuls
+// (torch.backends.cuda.matmul.allow_tf32, as torch.mm) and only in the nn.Linear layout, the
+// one tf32 wgmma reads (both operands K-major).
+bool wgmma_takes(bool float32, bool both_k_major, bool tma_aligned) {
+  if (!float32) return tma_aligned;
+  return tma_aligned && both_k_major && at::globalContext().allowTF32CuBLAS();
+}
+
+// Calls f(gemm) for out = a @ b where wgmma_takes the operands; other views and layouts go to
+// rung 8 (`fallback(tensor_core)`), never to a copy engine fault. Rung 8 runs float32 in TF32
+// or, with TF32 off, in 3xTF32.
 template <typename F, typename Fallback>
 void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&& f,
                    Fallback&& fallback) {
-  dispatch_16bit(a.scalar_type(), [&](auto dtype) {
-    with_gemm<decltype(dtype)>(a, b, out, [&](auto g) {
-      if (g.a.aligned(16) && g.b.aligned(16)) {
-        f(g);
-      } else {
-        fallback(find_algorithm(a.device(), "tensor_core"));
+  dispatch_wgmma_dtype(a.scalar_type(), [&](auto dtype) {
+    using T = decltype(dtype);
+    with_gemm<T>(a, b, out, [&](auto g) {
+      using G = decltype(g);
+      constexpr bool kFloat32 = std::is_same_v<T, float>;
+      if constexpr (!kFloat32 || kBothKMajor<G>) {
+        if (wgmma_takes(kFloat32, kBothKMajor<G>, g.a.aligned(16) && g.b.aligned(16))) {
+          return f(g);
+        }
       }
+      fallback(find_algorithm(a.device(), "tensor_core"));
     });
   });
 }
@@ -1252,7 +1332,7 @@ void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilo
   const auto fused = [&](const auto& g) {
     using G = std::decay_t<decltype(g)>;
     using T = typename G::scalar;
-    constexpr bool kLinearLayout = decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous;
+    constexpr bool kLinearLayout = kBothKMajor<G>;
     const T* bias = epilogue.bias.defined() ? static_cast<const T*>(epilogue.bias.data_ptr())
                                             : nullptr;
     const int columns = epilogue.bias.defined() ? static_cast<int>(epilogue.bias.size(0)) : 0;
@@ -1271,8 +1351,21 @@ void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilo
                 [&](const Algorithm& rung8) { rung8.run_fused(a, b, epilogue, out); });
 }
 
-MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16}, &wgmma, &sm90a, nullptr,
-                      "", /*auto_candidate=*/true, &wgmma_fused});
+// Whether auto passes float32 inputs on to rung 8, which would run them anyway (with_tma_gemm),
+// and which takes a whole bmm batch in one launch. Operands with general strides, which
+// with_gemm copies first, count as run there too.
+bool float32_runs_on_rung8(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != at::kFloat) return false;
+  const auto unit_stride = [](const at::Tensor& t) { return is_row_major(t) || is_col_major(t); };
+  if (!unit_stride(a) || !unit_stride(b)) return true;
+  const Operand<float> A = operand_of<float>(a), B = operand_of<float>(b);
+  return !wgmma_takes(true, !A.col_major && B.col_major,
+                      vector_aligned(A, 16) && vector_aligned(B, 16));
+}
+
+MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16, at::kFloat}, &wgmma,
+                      &sm90a, nullptr, "", /*auto_candidate=*/true, &wgmma_fused, nullptr,
+                      &float32_runs_on_rung8});
 
 }  // namespace
 }  // namespace mm_variants::cuda

@@ -383,6 +383,36 @@ __device__ __forceinline__ void wgmma_m64k8_tf32(float (&d)[N / 2], const uint32
   }
 }
 
+// D[64 x N] (+)= A[64 x 8] B[8 x N] in tf32, float accumulation, both operands K-major tiles in
+// shared memory (tf32 has no transposes), given by descriptors as for wgmma_m64k16: a k8 step is
+// 32 bytes of K, as a k16 step of 16-bit elements. N is 64, 128, 192 or 256 (rung 9's tiles).
+#define MMV_WGMMA_TF32_SS(N, REGS, A, B, SCALE)                                      \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE ", 0;\n"                            \
+  "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32\n{" REGS "},\n"       \
+  "%" #A ", %" #B ", p, 1, 1;\n}\n"
+#define MMV_WGMMA_TF32_SS_N(N, REGS, ACC, A, B, SCALE)       \
+  asm volatile(MMV_WGMMA_TF32_SS(N, REGS, A, B, SCALE)        \
+               : ACC                                        \
+               : "l"(a_desc), "l"(b_desc), "r"(scale_d));
+
+template <int N>
+__device__ __forceinline__ void wgmma_m64k8_tf32(float (&d)[N / 2], uint64_t a_desc,
+                                                 uint64_t b_desc, bool accumulate) {
+  const int scale_d = accumulate;
+  if constexpr (N == 64) {
+    MMV_WGMMA_TF32_SS_N(64, MMV_REGS32, MMV_ACC32(0), 32, 33, 34)
+  } else if constexpr (N == 128) {
+    MMV_WGMMA_TF32_SS_N(128, MMV_REGS64, MMV_ACC64(0), 64, 65, 66)
+  } else if constexpr (N == 192) {
+    MMV_WGMMA_TF32_SS_N(192, MMV_REGS96, MMV_ACC96(0), 96, 97, 98)
+  } else {
+    static_assert(N == 256, "N is 64, 128, 192 or 256 here");
+    MMV_WGMMA_TF32_SS_N(256, MMV_REGS128, MMV_ACC128(0), 128, 129, 130)
+  }
+}
+
+#undef MMV_WGMMA_TF32_SS_N
+#undef MMV_WGMMA_TF32_SS
 #undef MMV_WGMMA_TF32_N
 #undef MMV_WGMMA_TF32
 #undef MMV_WGMMA_N
