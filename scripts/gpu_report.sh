@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole proof on a GPU machine, in one command: build with CUDA, run the test suite, the
 # compute-sanitizer checks and the benchmark tables (fp32 with TF32 off, fp32 with TF32 on,
-# fp16, bf16). Logs and JSON rows go to ${OUT:-gpu_report}/. ROUNDS=3 measures every table three
+# fp16, bf16, and the nn.Linear shapes in bf16, fp16 and TF32). Logs and JSON rows go to ${OUT:-gpu_report}/. ROUNDS=3 measures every table three
 # times over and adds the spread of each algorithm's % of torch.mm (bench --rounds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -47,6 +47,9 @@ bench fp16 --dtype float16 --algorithms "auto,warp_tiling,tensor_core$HOPPER"
 LINEAR_SIZES=4096x4096x4096,4096x14336x4096,4096x4096x14336
 SIZES=$LINEAR_SIZES bench linear_bf16 --dtype bfloat16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
 SIZES=$LINEAR_SIZES bench linear_fp16 --dtype float16 --weight-layout --algorithms "auto,tensor_core$HOPPER"
+# TF32 in this layout runs on wgmma where it is listed; the other layouts' TF32 on tensor_core.
+SIZES=$LINEAR_SIZES bench linear_tf32 --dtype float32 --tf32 --weight-layout \
+  --algorithms "auto,tensor_core$HOPPER"
 # Mid-size products (prefill chunks, batched decode), where wgmma's planner picks tiles and splits.
 MID_SIZES=128x4096x4096,256x4096x4096,384x4096x4096,128x14336x4096,384x14336x4096,640x14336x4096,384x4096x14336,256x1024x4096,1536x14336x4096,640x28672x8192,384x11008x4096,896x14336x4096
 SIZES=$MID_SIZES bench mid_bf16 --dtype bfloat16 --weight-layout --algorithms "auto$HOPPER"
