@@ -102,7 +102,7 @@ constexpr int BM = 128;
 template <typename T>
 constexpr int BK = kTmaBoxInnerOf<T>;
 constexpr int kRowBytes = kTmaRowBytes;
-constexpr int kWgmmaKBytes = 32;  // the K of one wgmma: 16 16-bit elements or 8 tf32 ones
+[[maybe_unused]] constexpr int kWgmmaKBytes = 32;  // one wgmma: 16 16-bit or 8 tf32 of K
 [[maybe_unused]] constexpr int kGroupM = 16;  // tile rows per group of the grouped tile order
 constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
