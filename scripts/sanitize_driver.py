@@ -10,6 +10,7 @@ import sys
 import torch
 
 import torch_mm_variants as mmv
+from torch_mm_variants.bench import tolerance_for
 
 # (M, N, K). The last one has 16-byte aligned rows in every layout, as TMA (the wgmma rung)
 # needs.
@@ -37,8 +38,6 @@ EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
                           (160, 1000, 8200), (100, 2112, 4104), (288, 4001, 4088),
                           (312, 4001, 4088)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
-TOLERANCE = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 1e-2}
-TF32_TOLERANCE = 5e-3
 
 
 def operand(rows, cols, dtype, layout):
@@ -61,7 +60,7 @@ def run(a, b, algorithm, tf32):
     """(a @ b by `algorithm` with TF32 allowed or not, the relative error allowed for it)."""
     torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        return mmv.matmul(a, b, algorithm), TF32_TOLERANCE if tf32 else TOLERANCE[a.dtype]
+        return mmv.matmul(a, b, algorithm), tolerance_for(a.dtype, tf32)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = False
 
