@@ -18,8 +18,8 @@ from conftest import (assert_matches_reference, capture_graph, gpu_available, ke
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
-# float32 with TF32 allowed runs in tf32 wgmma in the nn.Linear layout (row, col) and takes rung
-# 8's kernel in the others.
+# float32 with TF32 allowed runs in tf32 wgmma where A is row-major (row, col: the nn.Linear layout;
+# row, row: transposed, B from registers) and takes rung 8's kernel in the others.
 TF32 = pytest.param(torch.float32, marks=pytest.mark.tf32, id="float32-tf32")
 DTYPES = [torch.float16, torch.bfloat16, TF32]
 
@@ -66,24 +66,40 @@ def product_kernels(run):
 @needs_sm90
 @pytest.mark.parametrize("allow_tf32", [True, False])
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
-def test_float32_runs_in_tf32_in_the_nn_linear_layout(allow_tf32, a_layout, b_layout):
-    """float32 takes tf32 wgmma only where the user allows TF32 and both operands are K-major
-    (x @ w.t()); otherwise rung 8's kernel, which with TF32 off keeps float32's accuracy
-    (3xTF32). auto follows the same choice."""
+def test_float32_runs_in_tf32_where_a_is_row_major(allow_tf32, a_layout, b_layout):
+    """float32 takes tf32 wgmma only where the user allows TF32 and A is K-major: x @ w.t() as it
+    is, a row-major product transposed (a tile shape stored transposed, B^T the M-major operand
+    that goes to wgmma from registers); otherwise rung 8's kernel, which with TF32 off keeps
+    float32's accuracy (3xTF32). auto follows the same choice."""
     torch.manual_seed(0)
     a, b = padded_view(300, 1000, a_layout, torch.float32), padded_view(1000, 500, b_layout,
                                                                       torch.float32)
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     try:
-        wgmma_reads = allow_tf32 and (a_layout, b_layout) == ("row", "col")
+        wgmma_reads = allow_tf32 and a_layout == "row"
         names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
         expected = "wgmma_kernel" if wgmma_reads else "tensor_core_kernel"
         assert len(names) == 1 and expected in names[0] and "float" in names[0], names
+        if wgmma_reads:
+            transposed = b_layout == "row"
+            assert (", true>, float, false, true," in names[0]) == transposed, names
         assert mmv.auto_choice(a, b) == (ALGORITHM if wgmma_reads else "tensor_core")
         assert_matches_reference(a, b, ALGORITHM)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@needs_sm90
+@pytest.mark.tf32
+def test_tf32_register_operand_is_rounded_to_nearest():
+    """B's elements, which a row-major float32 product takes to wgmma from registers, are rounded
+    to the nearest tf32, not truncated: 1 + 3 * 2^-12 lies 3/4 of a tf32 step above 1, so 64
+    products with ones (exact in tf32) sum to 64 * (1 + 2^-10), where truncation gives 64."""
+    a = torch.ones(128, 64, device="cuda")
+    b = torch.full((64, 256), 1 + 3 * 2.0**-12, device="cuda")
+    out = mmv.matmul(a, b, ALGORITHM)
+    assert torch.all(out == 64 * (1 + 2.0**-10)), out.unique()
 
 
 @needs_sm90
@@ -403,14 +419,15 @@ def test_split_k_with_linear_epilogue(dtype, activation):
 @pytest.mark.parametrize("dtype", [torch.float16, TF32])
 def test_split_k_is_deterministic_and_graph_capturable(dtype):
     """The splits are added in the same order on every run, so repeated runs give the same bits;
-    the cluster launch also runs inside a CUDA graph. (float32: in the nn.Linear layout, which
-    tf32 wgmma reads, the shapes all of whose K-major views TMA can address.)"""
+    the cluster launch also runs inside a CUDA graph. (float32: A row-major, which tf32 wgmma
+    reads, B as it is (the product runs transposed) and as w.t(), where TMA can address A.)"""
     torch.manual_seed(0)
     shapes = SPLIT_SHAPES + [shape for shape, _ in TAIL_SHAPES + BETWEEN_SHAPES]
     inputs = [(torch.randn(m, k, device="cuda", dtype=dtype),
                torch.randn(k, n, device="cuda", dtype=dtype)) for m, n, k in shapes]
     if dtype == torch.float32:
-        inputs = [(a, b.t().contiguous().t()) for a, b in inputs if a.shape[1] % 4 == 0]
+        inputs = [pair for a, b in inputs if a.shape[1] % 4 == 0
+                  for pair in ((a, b), (a, b.t().contiguous().t()))]
     inputs += [(torch.randn(m, k, device="cuda", dtype=dtype),
                 torch.randn(n, k, device="cuda", dtype=dtype).t())
                for (m, n, k), _ in TRANSPOSED_SHAPES]  # the nn.Linear layout: transposed tiles

@@ -84,6 +84,7 @@
 #include "epilogue.cuh"
 #include "hopper.cuh"
 #include "launch.cuh"
+#include "mma.cuh"
 #include "tensor_map.cuh"
 
 #include <ATen/Context.h>
@@ -115,6 +116,14 @@ constexpr int kStagingRowBytes = 2 * kRowBytes;
 constexpr int kStagingBytes = 64 * kStagingRowBytes;
 static_assert(BM == kConsumers * 64, "64 rows per consumer");
 
+// float32's A stored M-major goes to tf32 wgmma from registers (it reads K-major tiles only from
+// shared memory): a stage holds it in boxes of 8 rows, each K line of a box 32 bytes, unswizzled
+// (load_a_fragment). The same bytes as a K-major tile, in BM / 8 boxes.
+template <typename T, bool kAK>
+constexpr bool kARegisters = std::is_same_v<T, float> && !kAK;
+constexpr int kFragmentBoxRows = 8;
+constexpr int kFragmentBoxBytes = kFragmentBoxRows * kRowBytes;
+
 // The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
 // multiply-add; narrow ones, with more stages in the same shared memory, keep every SM busy on
 // outputs that have too few wide tiles (e.g. 2048 x 1024); 128 x 192 ones fill waves that
@@ -134,11 +143,12 @@ struct TileShape {
   static constexpr int kAccumulators = BN / 2;           // per consumer thread
   // Columns of C in T per store round: the whole staging buffer, or half of it twice over (one
   // half is filled while TMA reads the other) where BN's row of T does not fill whole buffers.
-  // Transposed (16-bit only), a round stores C rows (BN / rounds of them, 64 columns each): as
-  // many rounds as 128 rows fill.
+  // Transposed, a round stores C rows (BN / rounds of them, 64 columns each): as many rounds as
+  // fill the buffer (128 rows of 16-bit elements, 64 of floats).
   template <typename T>
   __host__ __device__ static constexpr int store_cols() {
-    if constexpr (TRANSPOSED) return BN / ((BN + 127) / 128);
+    constexpr int kRowsPerBuffer = kStagingBytes / (64 * static_cast<int>(sizeof(T)));
+    if constexpr (TRANSPOSED) return BN / ((BN + kRowsPerBuffer - 1) / kRowsPerBuffer);
     constexpr int kRow = BN * static_cast<int>(sizeof(T));
     return (kRow % kStagingRowBytes == 0 ? kStagingRowBytes : kRowBytes) / sizeof(T);
   }
@@ -190,6 +200,20 @@ constexpr bool kBothKMajor = decltype(G::a)::k_contiguous && decltype(G::b)::k_c
 template <class G>
 constexpr bool kTokenTiles = kBothKMajor<G> && sizeof(typename G::scalar) == 2;
 
+// A product that the kernel computes transposed and stores back in place: problem G is
+// C^T = B^T A^T of the caller's C = A B, and its tile (m, n) is C's element (n, m). float32's
+// row-major product runs so (stored_transposed), as the nn.Linear layout's token tiles do.
+template <class G>
+struct StoredTransposed : G {};
+template <class G>
+constexpr bool kStoresTransposed = false;
+template <class G>
+constexpr bool kStoresTransposed<StoredTransposed<G>> = true;
+
+// Tile shape S as problem G runs it: transposed where G is stored transposed.
+template <class S, class G>
+using ShapeFor = TileShape<S::BN, S::kStages, S::kTransposed || kStoresTransposed<G>>;
+
 // Output tiles of an M x N product, counting kCluster tiles stacked along M as one; the host
 // checks that the count fits an int.
 template <class S, int kCluster = 1>
@@ -238,8 +262,9 @@ struct ClusterPlace {
 
 // The producer thread: for each tile and K step, waits until the stage is free in every block of
 // the cluster, then copies A (BM x BK) into its own block and its 1 / kCluster share of B
-// (BN x BK) into every block of the cluster. K-major tiles are boxes of 64 x rows; M/N-major
-// tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading offset).
+// (BN x BK) into every block of the cluster. K-major tiles are boxes of BK x rows; M/N-major
+// 16-bit tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading
+// offset); float32's M-major A, which goes to wgmma from registers, is boxes of 8 rows x BK.
 template <class S, typename T, bool kAK, bool kBK, int kCluster>
 __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
                         const CUtensorMap* b_map, uint8_t* a_tiles, uint8_t* b_tiles,
@@ -269,8 +294,13 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
     const bool rows_past_m = origin.x >= M;
     // A K-major tile that ends past M takes a_tail_map's box of exactly its rows inside M: the
     // copy engine fills box rows past a tensor's end with zeros, slowly. The tile's other rows
-    // keep what the ring held; they make rows of C past M, which are never stored.
-    const int a_rows = rows_past_m ? 0 : kAK ? min(BM, M - origin.x) : BM;
+    // keep what the ring held; they make rows of C past M, which are never stored. Of A's boxes
+    // of 8 rows (kARegisters), those past M are left out likewise.
+    const int rows_in_m = min(BM, M - origin.x);
+    const int a_rows = rows_past_m                 ? 0
+                       : kAK                       ? rows_in_m
+                       : kARegisters<T, kAK>       ? (rows_in_m + 7) / 8 * 8
+                                                   : BM;
     const CUtensorMap* a_box_map = a_rows == BM ? a_map : a_tail_map;
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages, k0 = ks * BK<T>;
@@ -282,6 +312,11 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
         // nothing of A to load
       } else if constexpr (kAK) {
         hopper::tma_load_2d(a, a_box_map, &full[s], k0, origin.x, a_l2);
+      } else if constexpr (kARegisters<T, kAK>) {
+        for (int j = 0; j < a_rows / kFragmentBoxRows; ++j) {
+          hopper::tma_load_2d(a + j * kFragmentBoxBytes, a_map, &full[s],
+                              origin.x + j * kFragmentBoxRows, k0, a_l2);
+        }
       } else {
 #pragma unroll
         for (int j = 0; j < BM / kBox; ++j)
@@ -400,22 +435,25 @@ __device__ __forceinline__ void store_tile_async(const float (&acc)[S::kAccumula
 }
 
 // The epilogue of a transposed tile (S::kTransposed): the consumer's 64 rows of the tile are 64
-// columns of C, one 128-byte swizzle row of each C row. A round writes store_cols() of C's rows
-// into the staging buffer, one element per store (a thread's neighbouring accumulators lie in
-// neighbouring C rows); the 8 rows of a warp's store share a 16-byte chunk and its 4 columns
-// fall in 4 chunks of different swizzle phase, so the stores are conflict-free. TMA then stores
-// the box of 64 columns x store_cols() rows, clipped at C's edges.
+// columns of C, one 128-byte swizzle row of each C row in 16 bits, two boxes of 32 columns in
+// float32. A round writes store_cols() of C's rows into the staging buffer, one element per store
+// (a thread's neighbouring accumulators lie in neighbouring C rows); the 8 rows of a warp's store
+// fall in one or two 16-byte chunks and its 4 columns in 4 chunks of different swizzle phase, so
+// the stores are conflict-free. TMA then stores the box (or two) of 64 columns x store_cols()
+// rows, clipped at C's edges.
 template <class S, typename T, class Epi>
 __device__ __forceinline__ void store_tile_transposed_async(const float (&acc)[S::kAccumulators],
                                                             const Epi& epi, uint8_t* staging,
                                                             const CUtensorMap* c_map,
                                                             int consumer, int row0, int col0) {
-  static_assert(sizeof(T) == 2, "a consumer's 64 rows are one 128-byte row of each C row");
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
   const bool issuer = threadIdx.x % 128 == 0;
   const int barrier = 1 + consumer;
-  constexpr int kRows = S::template store_cols<T>();  // rows of C per round
-  uint8_t* buffer = staging;
+  constexpr int kRows = S::template store_cols<T>();   // rows of C per round
+  constexpr int kBoxCols = kRowBytes / sizeof(T);      // columns of C per box
+  constexpr int kBoxes = 64 / kBoxCols;
+  constexpr int kChunk = 16 / sizeof(T);               // elements per 16-byte chunk
+  static_assert(kBoxes * kRows * kRowBytes <= kStagingBytes, "a round fits the buffer");
 #pragma unroll
   for (int round = 0; round < S::BN / kRows; ++round) {
     if (issuer) hopper::tma_store_wait_read<0>();  // the buffer's last store has read it
@@ -423,6 +461,8 @@ __device__ __forceinline__ void store_tile_transposed_async(const float (&acc)[S
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int n = 16 * warp + lane / 4 + 8 * h;  // the tile's row: C's column row0 + n
+      uint8_t* box = staging + n / kBoxCols * (kRows * kRowBytes);
+      const int in_box = n % kBoxCols;
 #pragma unroll
       for (int jj = 0; jj < kRows / 8; ++jj) {
         const int j = round * (kRows / 8) + jj;
@@ -430,14 +470,19 @@ __device__ __forceinline__ void store_tile_transposed_async(const float (&acc)[S
         for (int e = 0; e < 2; ++e) {
           const int m = 8 * jj + 2 * (lane % 4) + e;  // C's row col0 + round * kRows + m
           const T v = static_cast<T>(epi(acc[4 * j + 2 * h + e], row0 + n));
-          *reinterpret_cast<T*>(buffer + m * 128 + ((n / 8) ^ (m % 8)) * 16 + n % 8 * 2) = v;
+          *reinterpret_cast<T*>(box + m * kRowBytes + ((in_box / kChunk) ^ (m % 8)) * 16 +
+                                in_box % kChunk * sizeof(T)) = v;
         }
       }
     }
     hopper::fence_async_shared();
     hopper::named_barrier_sync(barrier, 128);
     if (issuer) {
-      hopper::tma_store_2d(c_map, staging, row0, col0 + round * kRows);
+#pragma unroll
+      for (int b = 0; b < kBoxes; ++b) {
+        hopper::tma_store_2d(c_map, staging + b * (kRows * kRowBytes), row0 + b * kBoxCols,
+                             col0 + round * kRows);
+      }
       hopper::tma_store_commit();
     }
   }
@@ -524,50 +569,70 @@ __device__ __forceinline__ void release_stage(uint64_t* bar, ClusterPlace place)
   }
 }
 
-// acc[64 x N] (+)= a b for wgmma step `step` of a stage: a k16 wgmma in fp16 or bf16, a k8 one
-// in tf32 for float32 inputs (both tiles K-major).
-template <int N, typename T, bool kAK, bool kBK>
-__device__ __forceinline__ void wgmma_step(float (&acc)[N / 2], uint64_t a_desc,
+// acc[64 x N] (+)= a b for one wgmma step: a k16 wgmma in fp16 or bf16, a k8 one in tf32 for
+// float32 inputs (B K-major). a is A's descriptor, or for tf32 its fragment in registers.
+template <int N, typename T, bool kAK, bool kBK, class AOperand>
+__device__ __forceinline__ void wgmma_step(float (&acc)[N / 2], const AOperand& a,
                                            uint64_t b_desc, bool accumulate) {
   if constexpr (std::is_same_v<T, float>) {
-    static_assert(kAK && kBK, "tf32 wgmma reads K-major tiles only");
-    hopper::wgmma_m64k8_tf32<N>(acc, a_desc, b_desc, accumulate);
+    static_assert(kBK, "tf32 wgmma reads K-major tiles only");
+    hopper::wgmma_m64k8_tf32<N>(acc, a, b_desc, accumulate);
   } else {
     constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
-    hopper::wgmma_m64k16<N, kBf16, !kAK, !kBK>(acc, a_desc, b_desc, accumulate);
+    hopper::wgmma_m64k16<N, kBf16, !kAK, !kBK>(acc, a, b_desc, accumulate);
   }
 }
 
 // acc (+)= a[64 x k] b[k x BN] for wgmma step `step` of a stage: one wgmma, or for BN > 256 (the
 // instruction's largest N) two, the first over B's first 256 columns. Their accumulators are
 // consecutive in acc as one wgmma's would be, and 256 columns are whole swizzle atoms (K-major B)
-// or whole 64-column boxes (N-major B).
-template <class S, typename T, bool kAK, bool kBK>
-__device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], const uint8_t* a,
+// or whole 64-column boxes (N-major B). a: A's step, as for wgmma_step.
+template <class S, typename T, bool kAK, bool kBK, class AOperand>
+__device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], const AOperand& a,
                                               const uint8_t* b, int step, bool accumulate) {
-  const uint64_t a_desc = step_descriptor<kAK>(a, step);
   if constexpr (S::BN <= 256) {
-    wgmma_step<S::BN, T, kAK, kBK>(acc, a_desc, step_descriptor<kBK>(b, step), accumulate);
+    wgmma_step<S::BN, T, kAK, kBK>(acc, a, step_descriptor<kBK>(b, step), accumulate);
   } else {
     constexpr int kRest = S::BN - 256;
     auto& first = *reinterpret_cast<float(*)[128]>(acc);
     auto& rest = *reinterpret_cast<float(*)[kRest / 2]>(acc + 128);
-    wgmma_step<256, T, kAK, kBK>(first, a_desc, step_descriptor<kBK>(b, step), accumulate);
-    wgmma_step<kRest, T, kAK, kBK>(rest, a_desc,
-                                   step_descriptor<kBK>(b + 256 * kRowBytes, step), accumulate);
+    wgmma_step<256, T, kAK, kBK>(first, a, step_descriptor<kBK>(b, step), accumulate);
+    wgmma_step<kRest, T, kAK, kBK>(rest, a, step_descriptor<kBK>(b + 256 * kRowBytes, step),
+                                   accumulate);
   }
+}
+
+// tf32 wgmma's A fragment of step `step` (hopper.cuh) from a consumer's 64 rows of an M-major
+// float32 stage (kARegisters), rounded to the nearest tf32 as cuBLAS rounds (the tensor core
+// would drop the low bits). Thread (warp w, lane 4g + t) takes rows 16w + g and 16w + g + 8, boxes
+// 2w and 2w + 1, at K t and t + 4: four K lines of 32 bytes hold a warp's 32 loads, in 32 banks.
+__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint8_t* rows, int step) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+  constexpr int kLine = kFragmentBoxRows * sizeof(float);  // bytes of one K line of a box
+  const uint8_t* at =
+      rows + 2 * warp * kFragmentBoxBytes + (8 * step + lane % 4) * kLine + lane / 4 * 4;
+  const auto rounded = [](const uint8_t* p) {
+    return mma::round_to_tf32(*reinterpret_cast<const uint32_t*>(p));
+  };
+  a[0] = rounded(at);
+  a[1] = rounded(at + kFragmentBoxBytes);
+  a[2] = rounded(at + 4 * kLine);
+  a[3] = rounded(at + kFragmentBoxBytes + 4 * kLine);
 }
 
 // A consumer warpgroup: for each tile, kRowBytes / kWgmmaKBytes multiply steps per stage into
 // its 64 rows, at most one group in flight; a stage is handed back once the group that read it
-// has completed.
+// has completed. With A from registers (kARegisters), each step is its own group: the step loads
+// its fragment once the wgmma that last read those registers, a stage earlier, has completed.
 template <class S, typename T, bool kAK, bool kBK, int kCluster, class Epi>
 __device__ void consume(int consumer, uint8_t* a_tiles, uint8_t* b_tiles, uint8_t* staging,
                         uint64_t* full, uint64_t* empty, const CUtensorMap* c_map, const Epi& epi,
                         T* c, int ldc, int M, int N, StepRange steps, ClusterPlace place) {
+  constexpr int kSteps = kRowBytes / kWgmmaKBytes;
   const TileWalk<S, kCluster> walk(M, N);
   const bool warp_leader = threadIdx.x % 32 == 0;
   float acc[S::kAccumulators];
+  [[maybe_unused]] uint32_t fragments[kSteps][4];
   int it = 0;
   for (int t = walk.first(); t < walk.cluster_tiles; t += walk.stride()) {
     const int2 origin = walk.origin(t, place.rank);
@@ -585,16 +650,33 @@ __device__ void consume(int consumer, uint8_t* a_tiles, uint8_t* b_tiles, uint8_
       hopper::mbarrier_wait(&full[s], (it / S::kStages) & 1);
       const uint8_t* a = a_tiles + s * kATileBytes + consumer * 64 * kRowBytes;
       const uint8_t* b = b_tiles + s * S::kBTileBytes;
-      hopper::fence_registers(acc);
-      hopper::wgmma_fence();
+      if constexpr (kARegisters<T, kAK>) {
 #pragma unroll
-      for (int step = 0; step < kRowBytes / kWgmmaKBytes; ++step) {
-        multiply_step<S, T, kAK, kBK>(acc, a, b, step, ks > steps.begin || step > 0);
+        for (int step = 0; step < kSteps; ++step) {
+          hopper::wgmma_wait<kSteps - 1>();  // the previous stage's step `step` has completed
+          if (step == kSteps - 1 && ks > steps.begin && warp_leader) {
+            release_stage<kCluster>(&empty[previous], place);  // and so all of its steps
+          }
+          load_a_fragment(fragments[step], a, step);
+          hopper::fence_registers(acc);
+          hopper::wgmma_fence();
+          multiply_step<S, T, kAK, kBK>(acc, fragments[step], b, step,
+                                        ks > steps.begin || step > 0);
+          hopper::wgmma_commit();
+        }
+      } else {
+        hopper::fence_registers(acc);
+        hopper::wgmma_fence();
+#pragma unroll
+        for (int step = 0; step < kSteps; ++step) {
+          multiply_step<S, T, kAK, kBK>(acc, step_descriptor<kAK>(a, step), b, step,
+                                        ks > steps.begin || step > 0);
+        }
+        hopper::wgmma_commit();
+        hopper::wgmma_wait<1>();
+        hopper::fence_registers(acc);
+        if (ks > steps.begin && warp_leader) release_stage<kCluster>(&empty[previous], place);
       }
-      hopper::wgmma_commit();
-      hopper::wgmma_wait<1>();
-      hopper::fence_registers(acc);
-      if (ks > steps.begin && warp_leader) release_stage<kCluster>(&empty[previous], place);
       previous = s;
     }
     hopper::wgmma_wait<0>();
@@ -712,25 +794,32 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- Host side --------------------------------------------------------------------------------
 
 // The operand's tiles as the kernel expects them: K-major ones in one box of BK x rows per stage,
-// M/N-major ones in 64 x 64 boxes.
+// 16-bit M/N-major ones in 64 x 64 boxes, float32's M-major A in boxes of 8 x BK.
 template <class P>
 CUtensorMap operand_map(const P& p, int64_t x_extent, int64_t K, int rows) {
-  return P::k_contiguous ? tile_map(p.data, K, x_extent, p.ld, rows)
-                         : tile_map(p.data, x_extent, K, p.ld, kBox);
+  using T = typename P::scalar;
+  if constexpr (P::k_contiguous) {
+    return tile_map(p.data, K, x_extent, p.ld, rows);
+  } else if constexpr (std::is_same_v<T, float>) {
+    return narrow_box_map(p.data, x_extent, K, p.ld, BK<float>);
+  } else {
+    return tile_map(p.data, x_extent, K, p.ld, kBox);
+  }
 }
 
 // The kernel for problem G in tile shape S.
 template <class S, int kCluster, class G, class Epi>
 constexpr auto kernel_for() {
-  return wgmma_kernel<S, typename G::scalar, decltype(G::a)::k_contiguous,
+  return wgmma_kernel<ShapeFor<S, G>, typename G::scalar, decltype(G::a)::k_contiguous,
                       decltype(G::b)::k_contiguous, kCluster, Epi>;
 }
 
 // Launches the persistent grid: one block per SM (as many clusters as fit), never more blocks
 // than tiles. Or, with steps_per_split short of all K steps, one block per tile and split, in
 // clusters of kCluster x splits blocks.
-template <class S, int kCluster, class G, class Epi>
+template <class S0, int kCluster, class G, class Epi>
 void launch(const G& g, const Epi& epi, int steps_per_split) {
+  using S = ShapeFor<S0, G>;
   static_assert(S::BN / kCluster <= 256, "a K-major B share is one TMA box of at most 256 rows");
   using T = typename G::scalar;
   const CUtensorMap a_map = operand_map(g.a, g.M, g.K, BM);
@@ -748,7 +837,7 @@ void launch(const G& g, const Epi& epi, int steps_per_split) {
       !tma_store       ? CUtensorMap{}
       : S::kTransposed ? tile_map<T>(g.c, g.M, g.N, g.ldc, S::template store_cols<T>())
                        : tile_map<T>(g.c, g.N, g.M, g.ldc, 64);
-  auto* kernel = kernel_for<S, kCluster, G, Epi>();
+  auto* kernel = kernel_for<S0, kCluster, G, Epi>();
   allow_dynamic_smem(kernel, S::kSmemBytes);
   const int64_t cluster_tiles = tile_count<S, kCluster>(g.M, g.N);
   TORCH_CHECK(cluster_tiles * kCluster <= INT_MAX, "torch_mm_variants: output ", g.M, "x", g.N,
@@ -1032,11 +1121,12 @@ bool launch_split(const G& g, const Epi& epi, int sms) {
   return true;
 }
 
-// Columns [n0, g.N) of g's product: B's and C's columns from n0 on, C's rows still g.ldc apart.
+// Columns [n0, g.N) of g's product: B's and C's columns from n0 on, C's rows still g.ldc apart
+// (stored transposed, C's rows from n0 on).
 template <class G>
 G columns_from(G g, int n0) {
   g.b = g.b.from(n0);
-  g.c += n0;
+  g.c += kStoresTransposed<G> ? static_cast<int64_t>(n0) * g.ldc : n0;
   g.N -= n0;
   return g;
 }
@@ -1084,7 +1174,9 @@ void launch_split_tail(const G& g, const Epi& epi, const SplitTail& tail) {
   G head = g;
   head.N = tail.n0;
   launch_tiles<WideTile>(head, epi, rows_pair_evenly(g.M));
-  launch<WideTile, 1>(columns_from(g, tail.n0), epi.from_column(tail.n0), tail.per_split);
+  // Stored transposed, the columns of g are C's rows: epi keeps C's columns.
+  const Epi tail_epi = kStoresTransposed<G> ? epi : epi.from_column(tail.n0);
+  launch<WideTile, 1>(columns_from(g, tail.n0), tail_epi, tail.per_split);
 }
 
 // The nn.Linear product computed transposed, C^T = W X^T, in tile shape S over all of K.
@@ -1289,16 +1381,32 @@ void dispatch_wgmma_dtype(at::ScalarType dtype, F&& f) {
 
 // Whether this rung multiplies operands of a dtype and layout that TMA can address (16-byte
 // aligned): 16-bit ones in any layout, float32 in TF32 where the user allows it for matmuls
-// (torch.backends.cuda.matmul.allow_tf32, as torch.mm) and only in the nn.Linear layout, the
-// one tf32 wgmma reads (both operands K-major).
-bool wgmma_takes(bool float32, bool both_k_major, bool tma_aligned) {
+// (torch.backends.cuda.matmul.allow_tf32, as torch.mm) and where A is K-major (row-major).
+// tf32 wgmma reads K-major tiles from shared memory and takes A from registers in any layout:
+// the nn.Linear layout (x @ w.t()) runs as it is, a row-major B transposed (stored_transposed).
+bool wgmma_takes(bool float32, bool a_k_major, bool tma_aligned) {
   if (!float32) return tma_aligned;
-  return tma_aligned && both_k_major && at::globalContext().allowTF32CuBLAS();
+  return tma_aligned && a_k_major && at::globalContext().allowTF32CuBLAS();
 }
 
-// Calls f(gemm) for out = a @ b where wgmma_takes the operands; other views and layouts go to
-// rung 8 (`fallback(tensor_core)`), never to a copy engine fault. Rung 8 runs float32 in TF32
-// or, with TF32 off, in 3xTF32.
+// float32's row-major product C = A B as C^T = B^T A^T, stored transposed: B [K, N] (N-major)
+// becomes the M-major A that goes to wgmma from registers, A [M, K] the K-major B.
+template <typename T>
+StoredTransposed<Gemm<T, false, true>> stored_transposed(const Gemm<T, true, false>& g) {
+  StoredTransposed<Gemm<T, false, true>> t;
+  t.a = {g.b.data, g.b.ld};
+  t.b = {g.a.data, g.a.ld};
+  t.c = g.c;
+  t.M = g.N;
+  t.N = g.M;
+  t.K = g.K;
+  t.ldc = g.ldc;
+  return t;
+}
+
+// Calls f(gemm) for out = a @ b where wgmma_takes the operands (float32's row-major product
+// transposed); other views and layouts go to rung 8 (`fallback(tensor_core)`), never to a copy
+// engine fault. Rung 8 runs float32 in TF32 or, with TF32 off, in 3xTF32.
 template <typename F, typename Fallback>
 void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&& f,
                    Fallback&& fallback) {
@@ -1307,9 +1415,14 @@ void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&
     with_gemm<T>(a, b, out, [&](auto g) {
       using G = decltype(g);
       constexpr bool kFloat32 = std::is_same_v<T, float>;
-      if constexpr (!kFloat32 || kBothKMajor<G>) {
-        if (wgmma_takes(kFloat32, kBothKMajor<G>, g.a.aligned(16) && g.b.aligned(16))) {
-          return f(g);
+      constexpr bool kAKMajor = decltype(G::a)::k_contiguous;
+      if constexpr (!kFloat32 || kAKMajor) {
+        if (wgmma_takes(kFloat32, kAKMajor, g.a.aligned(16) && g.b.aligned(16))) {
+          if constexpr (kFloat32 && !kBothKMajor<G>) {
+            return f(stored_transposed(g));
+          } else {
+            return f(g);
+          }
         }
       }
       fallback(find_algorithm(a.device(), "tensor_core"));
@@ -1359,8 +1472,7 @@ bool float32_runs_on_rung8(const at::Tensor& a, const at::Tensor& b) {
   const auto unit_stride = [](const at::Tensor& t) { return is_row_major(t) || is_col_major(t); };
   if (!unit_stride(a) || !unit_stride(b)) return true;
   const Operand<float> A = operand_of<float>(a), B = operand_of<float>(b);
-  return !wgmma_takes(true, !A.col_major && B.col_major,
-                      vector_aligned(A, 16) && vector_aligned(B, 16));
+  return !wgmma_takes(true, !A.col_major, vector_aligned(A, 16) && vector_aligned(B, 16));
 }
 
 MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16, at::kFloat}, &wgmma,

@@ -357,7 +357,7 @@ __device__ __forceinline__ void wgmma_m64k16(float (&d)[N / 2], uint64_t a_desc,
 // (warp w, lane 4g + t) gives A[16w + g][t], A[16w + g + 8][t], A[16w + g][t + 4] and
 // A[16w + g + 8][t + 4], as an mma.m16n8k8 A fragment. B is K-major (tf32 has no transposes); the
 // tensor core reads the top 19 bits of each 32-bit element. N is 8, 16, 32 or 64 (the skinny
-// rung's tokens).
+// rung's tokens), or 128, 192 or 256 (rung 9's tiles).
 #define MMV_WGMMA_TF32(N, REGS, A0, A1, A2, A3, B, SCALE)                          \
   "{\n.reg .pred p;\nsetp.ne.b32 p, %" #SCALE ", 0;\n"                            \
   "wgmma.mma_async.sync.aligned.m64n" #N "k8.f32.tf32.tf32\n{" REGS "},\n"       \
@@ -377,9 +377,15 @@ __device__ __forceinline__ void wgmma_m64k8_tf32(float (&d)[N / 2], const uint32
     MMV_WGMMA_TF32_N(16, MMV_REGS8, MMV_ACC8(0), 8, 9, 10, 11, 12, 13)
   } else if constexpr (N == 32) {
     MMV_WGMMA_TF32_N(32, MMV_REGS16, MMV_ACC16(0), 16, 17, 18, 19, 20, 21)
-  } else {
-    static_assert(N == 64, "N is 8, 16, 32 or 64 here");
+  } else if constexpr (N == 64) {
     MMV_WGMMA_TF32_N(64, MMV_REGS32, MMV_ACC32(0), 32, 33, 34, 35, 36, 37)
+  } else if constexpr (N == 128) {
+    MMV_WGMMA_TF32_N(128, MMV_REGS64, MMV_ACC64(0), 64, 65, 66, 67, 68, 69)
+  } else if constexpr (N == 192) {
+    MMV_WGMMA_TF32_N(192, MMV_REGS96, MMV_ACC96(0), 96, 97, 98, 99, 100, 101)
+  } else {
+    static_assert(N == 256, "N is 8, 16, 32, 64, 128, 192 or 256 here");
+    MMV_WGMMA_TF32_N(256, MMV_REGS128, MMV_ACC128(0), 128, 129, 130, 131, 132, 133)
   }
 }
 

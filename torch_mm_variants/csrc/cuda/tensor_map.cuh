@@ -35,11 +35,12 @@ inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
 }
 
 // A 2-D tensor map over a 16-bit or float32 matrix whose contiguous dimension has `inner`
-// elements and whose `outer` lines are `ld` elements apart, copied in boxes of one swizzle row
-// (kTmaBoxInnerOf<T>) x box_outer with the 128-byte swizzle. Reads outside the matrix return
-// zeros; stores outside it are dropped.
+// elements and whose `outer` lines are `ld` elements apart, copied in boxes of box_inner x
+// box_outer elements laid out with `swizzle`. Reads outside the matrix return zeros; stores
+// outside it are dropped.
 template <typename T>
-CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer) {
+CUtensorMap encode_tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_inner,
+                            int box_outer, CUtensorMapSwizzle swizzle) {
   static_assert(std::is_same_v<T, c10::BFloat16> || std::is_same_v<T, c10::Half> ||
                 std::is_same_v<T, float>);
   constexpr CUtensorMapDataType kType = std::is_same_v<T, float> ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32
@@ -49,16 +50,33 @@ CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, in
   CUtensorMap map;
   const cuuint64_t dims[2] = {static_cast<cuuint64_t>(inner), static_cast<cuuint64_t>(outer)};
   const cuuint64_t strides[1] = {static_cast<cuuint64_t>(ld) * sizeof(T)};
-  const cuuint32_t box[2] = {kTmaBoxInnerOf<T>, static_cast<cuuint32_t>(box_outer)};
+  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_inner),
+                             static_cast<cuuint32_t>(box_outer)};
   const cuuint32_t element_strides[2] = {1, 1};
   const CUresult result = tensor_map_encoder()(
       &map, kType, 2, const_cast<T*>(data), dims, strides, box, element_strides,
-      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+      CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   TORCH_CHECK(result == CUDA_SUCCESS, "torch_mm_variants: TMA could not describe a ", outer,
               "x", inner, " operand (leading dimension ", ld, ", CUresult ",
               static_cast<int>(result), ")");
   return map;
+}
+
+// The boxes of the tiles that wgmma reads: one 128-byte swizzle row (kTmaBoxInnerOf<T>) x
+// box_outer, with the 128-byte swizzle.
+template <typename T>
+CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer) {
+  return encode_tile_map(data, inner, outer, ld, kTmaBoxInnerOf<T>, box_outer,
+                         CU_TENSOR_MAP_SWIZZLE_128B);
+}
+
+// Boxes of 32 bytes (8 floats) x box_outer, unswizzled: each line of the box lies in 8 of the 32
+// shared-memory banks and 4 neighbouring lines in all 32, so that a warp loads 8 x 4 elements
+// across lines without conflicts (rung 9's register operand of tf32 wgmma).
+inline CUtensorMap narrow_box_map(const float* data, int64_t inner, int64_t outer, int64_t ld,
+                                  int box_outer) {
+  return encode_tile_map(data, inner, outer, ld, 8, box_outer, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 }  // namespace mm_variants::cuda
