@@ -116,13 +116,16 @@ constexpr int kStagingRowBytes = 2 * kRowBytes;
 constexpr int kStagingBytes = 64 * kStagingRowBytes;
 static_assert(BM == kConsumers * 64, "64 rows per consumer");
 
-// float32's A stored M-major goes to tf32 wgmma from registers (it reads K-major tiles only from
-// shared memory): a stage holds it in boxes of 8 rows, each K line of a box 32 bytes, unswizzled
-// (load_a_fragment). The same bytes as a K-major tile, in BM / 8 boxes.
+// float32's A stored M-major goes to tf32 wgmma from registers (load_a_fragment): it reads
+// K-major tiles only from shared memory.
 template <typename T, bool kAK>
 constexpr bool kARegisters = std::is_same_v<T, float> && !kAK;
-constexpr int kFragmentBoxRows = 8;
-constexpr int kFragmentBoxBytes = kFragmentBoxRows * kRowBytes;
+// An M/N-major tile's boxes: one swizzle row of M (or N) x a stage's BK lines of K (64 x 64
+// 16-bit elements, 32 x 32 floats).
+template <typename T>
+constexpr int kMajorBoxRows = kTmaBoxInnerOf<T>;
+template <typename T>
+constexpr int kMajorBoxBytes = BK<T> * kRowBytes;
 
 // The block tile, BM x BN, and the stages of its ring. Wide tiles read the least L2 per
 // multiply-add; narrow ones, with more stages in the same shared memory, keep every SM busy on
@@ -263,8 +266,8 @@ struct ClusterPlace {
 // The producer thread: for each tile and K step, waits until the stage is free in every block of
 // the cluster, then copies A (BM x BK) into its own block and its 1 / kCluster share of B
 // (BN x BK) into every block of the cluster. K-major tiles are boxes of BK x rows; M/N-major
-// 16-bit tiles are 64 x 64 boxes side by side, kBoxBytes apart (the descriptors' leading
-// offset); float32's M-major A, which goes to wgmma from registers, is boxes of 8 rows x BK.
+// tiles are boxes of kMajorBoxRows x BK side by side (16-bit: kBoxBytes apart, the descriptors'
+// leading offset).
 template <class S, typename T, bool kAK, bool kBK, int kCluster>
 __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
                         const CUtensorMap* b_map, uint8_t* a_tiles, uint8_t* b_tiles,
@@ -294,13 +297,14 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
     const bool rows_past_m = origin.x >= M;
     // A K-major tile that ends past M takes a_tail_map's box of exactly its rows inside M: the
     // copy engine fills box rows past a tensor's end with zeros, slowly. The tile's other rows
-    // keep what the ring held; they make rows of C past M, which are never stored. Of A's boxes
-    // of 8 rows (kARegisters), those past M are left out likewise.
+    // keep what the ring held; they make rows of C past M, which are never stored. Of float32's
+    // M-major boxes (kARegisters), those past M are left out likewise.
+    constexpr int kBoxRows = kMajorBoxRows<T>;
     const int rows_in_m = min(BM, M - origin.x);
-    const int a_rows = rows_past_m                 ? 0
-                       : kAK                       ? rows_in_m
-                       : kARegisters<T, kAK>       ? (rows_in_m + 7) / 8 * 8
-                                                   : BM;
+    const int a_rows = rows_past_m           ? 0
+                       : kAK                 ? rows_in_m
+                       : kARegisters<T, kAK> ? (rows_in_m + kBoxRows - 1) / kBoxRows * kBoxRows
+                                             : BM;
     const CUtensorMap* a_box_map = a_rows == BM ? a_map : a_tail_map;
     for (int ks = steps.begin; ks < steps.end; ++ks, ++it) {
       const int s = it % S::kStages, k0 = ks * BK<T>;
@@ -312,15 +316,11 @@ __device__ void produce(const CUtensorMap* a_map, const CUtensorMap* a_tail_map,
         // nothing of A to load
       } else if constexpr (kAK) {
         hopper::tma_load_2d(a, a_box_map, &full[s], k0, origin.x, a_l2);
-      } else if constexpr (kARegisters<T, kAK>) {
-        for (int j = 0; j < a_rows / kFragmentBoxRows; ++j) {
-          hopper::tma_load_2d(a + j * kFragmentBoxBytes, a_map, &full[s],
-                              origin.x + j * kFragmentBoxRows, k0, a_l2);
-        }
       } else {
-#pragma unroll
-        for (int j = 0; j < BM / kBox; ++j)
-          hopper::tma_load_2d(a + j * kBoxBytes, a_map, &full[s], origin.x + j * kBox, k0, a_l2);
+        for (int j = 0; j < a_rows / kBoxRows; ++j) {
+          hopper::tma_load_2d(a + j * kMajorBoxBytes<T>, a_map, &full[s], origin.x + j * kBoxRows,
+                              k0, a_l2);
+        }
       }
       if constexpr (kBK) {  // this block's BN / kCluster rows of the tile
         constexpr int kRows = S::BN / kCluster;
@@ -603,21 +603,32 @@ __device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], co
 }
 
 // tf32 wgmma's A fragment of step `step` (hopper.cuh) from a consumer's 64 rows of an M-major
-// float32 stage (kARegisters), rounded to the nearest tf32 as cuBLAS rounds (the tensor core
-// would drop the low bits). Thread (warp w, lane 4g + t) takes rows 16w + g and 16w + g + 8, boxes
-// 2w and 2w + 1, at K t and t + 4: four K lines of 32 bytes hold a warp's 32 loads, in 32 banks.
+// float32 stage (kARegisters): two boxes of 32 rows, each K line 128 bytes with the 128-byte
+// swizzle (16-byte chunk c of line k at c ^ k % 8), rounded to the nearest tf32 as cuBLAS rounds
+// (the tensor core would drop the low bits). Thread (warp w, lane 4g + t) takes rows 16w + g and
+// 16w + g + 8 at K t and t + 4. Loading K t in every lane, a warp's rows g < 4 and g >= 4 (two
+// neighbouring chunks) would meet in 4 chunks of its K lines, two lanes to a bank; lanes g >= 4
+// load K t + 4 first instead, whose chunks the swizzle puts 4 apart, so each load spans 8 chunks,
+// all 32 banks, and those lanes swap their two values back. The loads name shared memory: the
+// tiles' addresses went through an integer (their alignment), and generic loads take longer.
 __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint8_t* rows, int step) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
-  constexpr int kLine = kFragmentBoxRows * sizeof(float);  // bytes of one K line of a box
-  const uint8_t* at =
-      rows + 2 * warp * kFragmentBoxBytes + (8 * step + lane % 4) * kLine + lane / 4 * 4;
-  const auto rounded = [](const uint8_t* p) {
-    return mma::round_to_tf32(*reinterpret_cast<const uint32_t*>(p));
+  const int g = lane / 4, t = lane % 4, upper = g / 4;
+  const uint32_t box = mma::smem_addr(rows) + warp / 2 * kMajorBoxBytes<float>;
+  const auto load = [&](int row, int k) {
+    uint32_t x;
+    const uint32_t at = box + k * kRowBytes + ((row / 4) ^ (k % 8)) * 16 + row % 4 * 4;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(at) : "memory");
+    return mma::round_to_tf32(x);
   };
-  a[0] = rounded(at);
-  a[1] = rounded(at + kFragmentBoxBytes);
-  a[2] = rounded(at + 4 * kLine);
-  a[3] = rounded(at + kFragmentBoxBytes + 4 * kLine);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * (warp % 2) + 8 * h + g;  // in the box
+    const uint32_t first = load(row, 8 * step + t + 4 * upper);
+    const uint32_t second = load(row, 8 * step + t + 4 * (1 - upper));
+    a[h] = upper ? second : first;      // K t
+    a[2 + h] = upper ? first : second;  // K t + 4
+  }
 }
 
 // A consumer warpgroup: for each tile, kRowBytes / kWgmmaKBytes multiply steps per stage into
@@ -794,17 +805,11 @@ __global__ void __launch_bounds__(kThreads, 1)
 // ---- Host side --------------------------------------------------------------------------------
 
 // The operand's tiles as the kernel expects them: K-major ones in one box of BK x rows per stage,
-// 16-bit M/N-major ones in 64 x 64 boxes, float32's M-major A in boxes of 8 x BK.
+// M/N-major ones in boxes of kMajorBoxRows x BK.
 template <class P>
 CUtensorMap operand_map(const P& p, int64_t x_extent, int64_t K, int rows) {
-  using T = typename P::scalar;
-  if constexpr (P::k_contiguous) {
-    return tile_map(p.data, K, x_extent, p.ld, rows);
-  } else if constexpr (std::is_same_v<T, float>) {
-    return narrow_box_map(p.data, x_extent, K, p.ld, BK<float>);
-  } else {
-    return tile_map(p.data, x_extent, K, p.ld, kBox);
-  }
+  return P::k_contiguous ? tile_map(p.data, K, x_extent, p.ld, rows)
+                         : tile_map(p.data, x_extent, K, p.ld, BK<typename P::scalar>);
 }
 
 // The kernel for problem G in tile shape S.
