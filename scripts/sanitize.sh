@@ -6,6 +6,7 @@
 #   bash scripts/sanitize.sh racecheck  # one tool
 #   ALGORITHMS="tiled warp_tiling" bash scripts/sanitize.sh  # some algorithms only
 #   DTYPES="Float" bash scripts/sanitize.sh                  # some dtypes only (Float Half BFloat16)
+#   TF32=on DTYPES=Float bash scripts/sanitize.sh            # float32 with TF32 allowed only
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}

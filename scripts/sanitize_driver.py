@@ -51,9 +51,13 @@ def operand(rows, cols, dtype, layout):
 
 
 def tf32_modes(dtype):
-    """The TF32 settings to run `dtype` under: both for float32 (the tensor-core rungs run it in
-    3xTF32 with TF32 off and in TF32 with it on), the default otherwise."""
-    return [False, True] if dtype == torch.float32 else [False]
+    """The TF32 settings to run `dtype` under: for float32 those named in $TF32 ("off on" by
+    default: the tensor-core rungs run it in 3xTF32 with TF32 off and in TF32 with it on), the
+    default otherwise."""
+    if dtype != torch.float32:
+        return [False]
+    wanted = os.environ.get("TF32", "off on").split()
+    return [mode == "on" for mode in ("off", "on") if mode in wanted]
 
 
 def run(a, b, algorithm, tf32):
