@@ -69,13 +69,16 @@
 // the input dtype into a swizzled staging buffer and stores it with TMA, so the consumers start
 // the next tile while the copy engine writes the last one.
 //
-// float32 runs in TF32 where the user allows it for matmuls (as for rung 8), in the nn.Linear
-// layout (x @ w.t()): tf32 wgmma has no transposes and reads K-major tiles only. A stage still
-// holds one 128-byte swizzle row of K per tile row, 32 floats where it held 64 16-bit elements,
-// and a k8 tf32 wgmma takes as long as a k16 one at half the multiply-adds: the pipeline, the
-// tile shapes and the planner (which counts K in steps) are those of 16 bits. The transposed
-// token tiles stay 16-bit only. Other float32 layouts, and float32 with TF32 off, take rung 8's
-// kernel (TF32 mma.sync, or 3xTF32 for float32's accuracy).
+// float32 runs in TF32 where the user allows it for matmuls (as for rung 8), with A row-major.
+// tf32 wgmma has no transposes: it reads K-major tiles only from shared memory, but takes its A
+// operand from registers in any layout. A stage still holds one 128-byte swizzle row of K per
+// tile row, 32 floats where it held 64 16-bit elements, and a k8 tf32 wgmma takes as long as a
+// k16 one at half the multiply-adds: the pipeline, the tile shapes and the planner (which counts
+// K in steps) are those of 16 bits. The nn.Linear layout (x @ w.t()) runs as it is; a row-major
+// B runs transposed, C^T = B^T A^T, with B^T's fragments loaded into registers and rounded to
+// the nearest tf32 (load_a_fragment) and each tile stored transposed (StoredTransposed). The
+// transposed token tiles stay 16-bit only. float32 with A transposed, and float32 with TF32 off,
+// take rung 8's kernel (TF32 mma.sync, or 3xTF32 for float32's accuracy).
 //
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
@@ -133,7 +136,8 @@ constexpr int kMajorBoxBytes = BK<T> * kRowBytes;
 // neither fills (e.g. 1536^3), and 128 x 64 ones spread small products over more SMs.
 //
 // TRANSPOSED: the kernel computes C^T = B^T A^T, with the nn.Linear weight as the M operand and
-// the tokens as the N operand, and stores each tile transposed (store_tile_transposed_async).
+// the tokens as the N operand (or float32's row-major B^T and A: StoredTransposed), and stores
+// each tile transposed (store_tile_transposed_async).
 // wgmma's N comes in steps of 8 where its M comes in steps of 64, so a few hundred tokens fit
 // tiles of 160 or 192 columns with no empty rows: 320 tokens make two tiles of 160, where
 // 128-row tiles make three, the last half empty.
@@ -197,7 +201,8 @@ int64_t k_steps_of(const G& g) {
 }
 
 // Whether both operands of problem G are K-contiguous: the nn.Linear layout (x @ w.t()), the
-// only one that tf32 wgmma reads, and the one that runs transposed in token tiles (16-bit only).
+// one whose tiles tf32 wgmma reads both from shared memory, and the one that runs transposed in
+// token tiles (16-bit only).
 template <class G>
 constexpr bool kBothKMajor = decltype(G::a)::k_contiguous && decltype(G::b)::k_contiguous;
 template <class G>
