@@ -7,8 +7,8 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
-                      assert_gradients_match, assert_result, devices,
-                      random_matrix, relative_error, run_accepted)
+                      assert_gradients_match, assert_result, devices, gpu_available,
+                      launched_kernels, random_matrix, relative_error, run_accepted)
 
 
 def reference(a, b):
@@ -90,6 +90,35 @@ def test_batch_layouts_and_edges(device, algorithm, dtype, a_layout):
         for b_layout in B_LAYOUTS:
             check_bmm(batch_operand(batch, m, k, dtype, device, a_layout),
                       batch_operand(batch, k, n, dtype, device, b_layout), algorithm)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tf32", [False, True])
+def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
+    """Entries too small to fill the GPU run in one launch of the batched kernel, not in auto's
+    choice for one entry (on Hopper wgmma, a launch per entry), and explain_auto says so; entries
+    of a few tokens keep auto's choice for one entry."""
+    if tf32 and dtype != torch.float32:
+        pytest.skip("TF32 is float32's setting")
+    torch.manual_seed(0)
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        a = torch.randn(16, 200, 96, device="cuda", dtype=dtype)
+        b = torch.randn(16, 96, 300, device="cuda", dtype=dtype)
+        names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b))
+                 if "mm_variants" in e["name"]]
+        decision = mmv.explain_auto(a, b)
+        one_entry = mmv.auto_choice(a[0], b[0])
+        assert len(names) == 1 and decision["algorithm"] == "tensor_core", (names, decision)
+        assert decision["reason"] == ("heuristic" if one_entry == "tensor_core" else "batched")
+        check_bmm(a, b, "auto")
+        tokens = torch.randn(16, 8, 96, device="cuda", dtype=dtype)
+        assert mmv.auto_choice(tokens, b) == mmv.auto_choice(tokens[0], b[0])
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
 
 
 @pytest.mark.parametrize("device", devices())

@@ -329,6 +329,14 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* o
   return {candidates[best], "measured", heuristic.bucket};
 }
 
+const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b) {
+  const auto candidates = eligible(a, b);
+  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
+    if ((*it)->run_batched != nullptr) return *it;
+  }
+  return nullptr;
+}
+
 void set_autotune(bool enabled) { autotune_flag().store(enabled); }
 bool autotune_enabled() { return autotune_flag().load(); }
 

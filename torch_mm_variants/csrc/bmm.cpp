@@ -4,9 +4,11 @@
 // One kernel serves every device (CompositeExplicitAutograd): it validates once and chooses the
 // algorithm once for the batch's shape. Algorithms with a batched kernel (run_batched) take the
 // whole batch in one launch; the others run on each batch entry's views, which every algorithm
-// reads in place whatever their strides. Each entry's output starts on a 16-byte boundary, as the
+// reads in place whatever their strides. auto runs a batch of small entries in one launch
+// (batch_algorithm). Each entry's output starts on a 16-byte boundary, as the
 // vectorized stores of the GPU kernels need; when M * N elements do not fill whole 16-byte units
 // the padded result is compacted at the end.
+#include "auto.h"
 #include "matmul.h"
 
 #include <ATen/ATen.h>
@@ -34,12 +36,40 @@ void check_bmm_inputs(const at::Tensor& a, const at::Tensor& b) {
 // The matrix that batch entry i multiplies by: b's i-th, or the shared one.
 at::Tensor b_entry(const at::Tensor& b, int64_t i) { return b.dim() == 3 ? b.select(0, i) : b; }
 
+// Output elements of a batch entry below which auto runs the batch in one launch of the highest
+// rung with a batched kernel, rather than its choice for one entry in a launch per entry: 2^21,
+// 64 tiles of 128 x 256, half the SMs of an H100. There (bf16, and float32 in TF32; torch.bmm
+// beside each) batches of 8-64 entries of 128 x 128 to 1024 x 1024 outputs ran at 0.64-0.87x of
+// torch.bmm in tensor_core's batched kernel and at 0.01-0.45x in wgmma's launches; batches of 8
+// entries of 2048 x 2048 and 2-4 of 4096 x 4096 at 0.87-1.08x in wgmma's and 0.59-0.71x batched.
+// Entries of at most kDecodeRows rows keep auto's choice: products of a few tokens, for which the
+// skinny rungs stream the weight, were not measured that way.
+constexpr int64_t kSmallEntryOutput = int64_t(1) << 21;
+constexpr int64_t kDecodeRows = 64;
+
+}  // namespace
+
+const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view requested,
+                                 const at::Tensor& a_entry, const at::Tensor& b_entry,
+                                 int64_t batch) {
+  const int64_t rows = a_entry.size(0), entry_output = rows * b_entry.size(1);
+  if (requested != "auto" || chosen.run_batched != nullptr || batch < 2 || rows <= kDecodeRows ||
+      entry_output >= kSmallEntryOutput) {
+    return chosen;
+  }
+  const Algorithm* batched = batched_candidate(a_entry, b_entry);
+  return batched != nullptr ? *batched : chosen;
+}
+
+namespace {
+
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
   const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
   const c10::OptionalDeviceGuard guard(a.device());
-  const Algorithm& chosen =
+  const Algorithm& resolved =
       resolve_algorithm("mm_variants::bmm", a_chosen_on, b_chosen_on, algorithm);
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(-1);
+  const Algorithm& chosen = batch_algorithm(resolved, algorithm, a_chosen_on, b_chosen_on, batch);
   if (batch == 0) return at::empty({0, m, n}, a.options());
   if (m == 0 || n == 0 || k == 0) return at::zeros({batch, m, n}, a.options());
 

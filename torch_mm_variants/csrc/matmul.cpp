@@ -158,10 +158,15 @@ std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor&
                                                                const at::Tensor& b) {
   // torch_mm_variants.matmul sends a batch a [B, M, K] to mm_variants::bmm, whose auto reads
   // the inputs of one product of the batch, and whose name its refusals give.
+  // A batch of small entries runs in one launch of a batched kernel (batch_algorithm), with
+  // reason "batched".
   AutoDecision decision;
   if (a.dim() == 3) {
     const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
     decision = explain_product("mm_variants::bmm", a_chosen_on, b_chosen_on);
+    const Algorithm& batched =
+        batch_algorithm(*decision.algorithm, "auto", a_chosen_on, b_chosen_on, a.size(0));
+    if (&batched != decision.algorithm) decision = {&batched, "batched", decision.bucket};
   } else {
     decision = explain_product(kMatmulOp, a, b);
   }

@@ -26,6 +26,13 @@ const Algorithm& resolve_algorithm(const char* op, const at::Tensor& a, const at
 // of the batch's dtype and device for an empty batch. Validates the batch's shapes as bmm does.
 std::pair<at::Tensor, at::Tensor> batch_choice_inputs(const at::Tensor& a, const at::Tensor& b);
 
+// The algorithm that runs a batch of `batch` products: `chosen`, resolved for its first entry
+// (a_entry, b_entry), or for auto over entries too small to fill the GPU (but of more rows than
+// decode products) the highest rung with a batched kernel, where `chosen` has none.
+const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view requested,
+                                 const at::Tensor& a_entry, const at::Tensor& b_entry,
+                                 int64_t batch);
+
 // Refuses a sparse, mkldnn or other non-strided tensor by name: the kernels read strided memory.
 // `op` and `name` say where it was passed, e.g. ("mm_variants::linear", "weight").
 void check_strided(const char* op, const char* name, const at::Tensor& t);
