@@ -112,7 +112,7 @@ constexpr int kConsumers = 2;                      // warpgroups of 64 x BN each
 constexpr int kThreads = 128 * (1 + kConsumers);   // the producer warpgroup comes first
 [[maybe_unused]] constexpr int kConsumersBarrier = 1 + kConsumers;  // both consumers (1, 2: each)
 constexpr int kATileBytes = BM * kRowBytes;        // A in one stage
-constexpr int kBox = kTmaBoxInner;                 // 64: 16-bit elements in a swizzle row
+[[maybe_unused]] constexpr int kBox = kTmaBoxInner;  // 64: 16-bit elements in a swizzle row
 [[maybe_unused]] constexpr int kBoxBytes = 64 * kRowBytes;  // a box of 64 rows, 8 KB
 // The epilogue stages a consumer's tile in a buffer of 64 rows x 256 bytes (two boxes of 64 rows).
 constexpr int kStagingRowBytes = 2 * kRowBytes;
@@ -616,7 +616,8 @@ __device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], co
 // load K t + 4 first instead, whose chunks the swizzle puts 4 apart, so each load spans 8 chunks,
 // all 32 banks, and those lanes swap their two values back. The loads name shared memory: the
 // tiles' addresses went through an integer (their alignment), and generic loads take longer.
-__device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint8_t* rows, int step) {
+// (Unused in the passes that compile the kernel out.)
+[[maybe_unused]] __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint8_t* rows, int step) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
   const int g = lane / 4, t = lane % 4, upper = g / 4;
   const uint32_t box = mma::smem_addr(rows) + warp / 2 * kMajorBoxBytes<float>;
