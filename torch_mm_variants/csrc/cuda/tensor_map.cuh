@@ -71,12 +71,4 @@ CUtensorMap tile_map(const T* data, int64_t inner, int64_t outer, int64_t ld, in
                          CU_TENSOR_MAP_SWIZZLE_128B);
 }
 
-// Boxes of 32 bytes (8 floats) x box_outer, unswizzled: each line of the box lies in 8 of the 32
-// shared-memory banks and 4 neighbouring lines in all 32, so that a warp loads 8 x 4 elements
-// across lines without conflicts (rung 9's register operand of tf32 wgmma).
-inline CUtensorMap narrow_box_map(const float* data, int64_t inner, int64_t outer, int64_t ld,
-                                  int box_outer) {
-  return encode_tile_map(data, inner, outer, ld, 8, box_outer, CU_TENSOR_MAP_SWIZZLE_NONE);
-}
-
 }  // namespace mm_variants::cuda
