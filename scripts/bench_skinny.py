@@ -1,8 +1,11 @@
 """Benchmark of the skinny rungs and `auto` on LLM decode shapes: out = x @ w.t() for an
-nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t().
+nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t(). With
+--weight row-major the weight is stored [K, N] instead, row by row (out = x @ w, as for a
+weight kept [in, out]).
 
     python scripts/bench_skinny.py
     python scripts/bench_skinny.py --m 1,16 --shapes 4096x14336 --dtypes bfloat16 --output rows.json
+    python scripts/bench_skinny.py --weight row-major --timing graph
 
 Each (M, N, K) and algorithm is checked against a float64 product first, then timed, torch.mm
 right before and after it; its speed-up is over the mean of the two, and the torch.mm column
@@ -53,6 +56,9 @@ def parse_args(argv=None):
     p.add_argument("--algorithms", default=None,
                    help="comma-separated mm_variants algorithms to time (default: auto and every "
                         "skinny rung this GPU lists)")
+    p.add_argument("--weight", choices=WEIGHT_LAYOUTS, default="linear",
+                   help="the weight as nn.Linear's w [N, K] (read as w.t(), K-contiguous) or "
+                        "stored row-major [K, N]")
     p.add_argument("--timing", choices=TIMINGS, default="flush",
                    help="single calls after an L2 clear, back-to-back calls in a CUDA graph, or "
                         "back-to-back calls from Python (eager)")
@@ -87,6 +93,18 @@ def dtype_names(text: str) -> list[str]:
         raise argparse.ArgumentTypeError(f"unknown dtype(s) {', '.join(unknown)}; valid: "
                                          f"{', '.join(DTYPES)}")
     return names
+
+
+WEIGHT_LAYOUTS = ("linear", "row-major")
+
+
+def weight_copy(n: int, k: int, dtype: torch.dtype, layout: str, device="cuda") -> torch.Tensor:
+    """A random weight w as the benchmark multiplies it, x @ w.t(): an nn.Linear weight [N, K]
+    ("linear"), or the transpose of one stored [K, N] ("row-major"), whose w.t() is that
+    row-major matrix."""
+    if layout == "row-major":
+        return torch.randn(k, n, device=device).to(dtype).t()
+    return torch.randn(n, k, device=device).to(dtype)
 
 
 def copies_needed(weight_bytes: int) -> int:
@@ -213,14 +231,14 @@ def report(case: dict, weight_bytes: int, results: list, baseline: float, rows: 
     return all(r["ok"] for r in measured)
 
 
-def cases(dtypes: list[str], shapes: list[tuple[int, int]], ms: list[int]):
+def cases(dtypes: list[str], shapes: list[tuple[int, int]], ms: list[int], layout: str):
     """(dtype name, M, N, K, weight bytes, inputs) for each point: x [M, K] with each of the
-    weight copies [N, K], as many as L2 cannot hold."""
+    weight copies [N, K] (weight_copy), as many as L2 cannot hold."""
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
         for n, k in shapes:
             weight_bytes = n * k * dtype.itemsize
-            weights = [torch.randn(n, k, device="cuda").to(dtype)
+            weights = [weight_copy(n, k, dtype, layout)
                        for _ in range(copies_needed(weight_bytes))]
             for m in ms:
                 yield dtype_name, m, n, k, weight_bytes, [
@@ -237,21 +255,23 @@ def main(argv=None) -> int:
                   ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
     time_us = {"flush": flush_us, "graph": graph_us, "eager": eager_us}[args.timing]
     gpu = torch.cuda.get_device_name()  # in every row too: the data names its GPU
+    product = "x @ w, w [K, N] row-major" if args.weight == "row-major" else "x @ w.t(), w [N, K]"
     print(f"# {', '.join(algorithms)} vs torch.mm on {gpu}, "
-          f"torch {torch.__version__}; x [M, K] @ w.t(), w [N, K]; us (speed-up over torch.mm), "
+          f"torch {torch.__version__}; x [M, K]; {product}; us (speed-up over torch.mm), "
           f"{args.timing} timing")
     print("| dtype | M | N | K | torch.mm us | torch.mm GB/s | "
           + " | ".join(algorithms) + " | best GB/s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | " + "---: | " * len(algorithms) + "---: |")
     rows, ok, lost = [], True, None
-    for dtype_name, m, n, k, weight_bytes, inputs in cases(args.dtypes, args.shapes, args.m):
+    for dtype_name, m, n, k, weight_bytes, inputs in cases(args.dtypes, args.shapes, args.m,
+                                                          args.weight):
         try:
             results, baseline = measure(inputs, algorithms, time_us,
                                         bench.TOLERANCE[DTYPES[dtype_name]])
         except bench.ContextLost as error:  # written with the rest, and the run stops
             lost, results, baseline = error, error.rows, float("nan")
         case = {"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
-                "timing": args.timing}
+                "weight": args.weight, "timing": args.timing}
         ok = report(case, weight_bytes, results, baseline, rows) and ok
         if lost:
             break

@@ -355,6 +355,18 @@ def test_bench_skinny_times_torch_mm_beside_each_algorithm_and_skips_refusals(mo
     assert baseline == 3.5  # the median of 1, 3, 4 and 6
 
 
+@pytest.mark.parametrize("layout", ["linear", "row-major"])
+def test_bench_skinny_weight_layouts(layout):
+    """--weight: the benchmark multiplies x @ w.t(), where w.t() is nn.Linear's K-contiguous
+    view of a weight [N, K] or, for row-major, a weight stored [K, N] row by row."""
+    skinny = load_bench_skinny()
+    assert skinny.parse_args(["--weight", layout]).weight == layout
+    w = skinny.weight_copy(24, 40, torch.float32, layout, device="cpu")
+    assert w.shape == (24, 40) and w.dtype == torch.float32
+    b = w.t()
+    assert b.stride() == ((1, 40) if layout == "linear" else (24, 1))
+
+
 def test_bench_skinny_eager_timing_rotates_the_weights_and_waits_for_the_gpu(monkeypatch):
     """--timing eager: the calls rotate over the weight copies, each timed repeat starts from an
     idle GPU and ends when its work is done, and the time is per call (CPU tensors here, the
@@ -491,7 +503,7 @@ def test_bench_skinny_main_writes_failed_rows_and_stops_at_a_dead_context(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
     monkeypatch.setattr(mmv, "has_cuda", lambda: True)
 
-    def cases(dtypes, shapes, ms):
+    def cases(dtypes, shapes, ms, layout):
         for m in ms:
             yield "float32", m, 24, 40, 24 * 40 * 4, [(torch.randn(m, 40), torch.randn(24, 40))
                                                       for _ in range(2)]

@@ -181,6 +181,51 @@ def test_tma_kernels_use_tma_and_wgmma():
         assert not re.search(r"\b(LDL|STL)\b", body), f"local memory traffic in {name}"
 
 
+def row_major_weight(k: int, n: int, dtype: torch.dtype, offset: int = 0, pad: int = 0):
+    """b = w for a weight stored row-major [k, n] (x @ w), starting `offset` elements into its
+    storage, rows `pad` elements apart beyond n."""
+    storage = torch.randn(k, n + pad + offset, device="cuda").to(dtype)
+    return storage[:, offset:offset + n]
+
+
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_tma_reads_a_row_major_weight_in_place(dtype):
+    """x @ w with w stored row-major [K, N]: skinny_tma copies its tiles N-major straight from w,
+    one launch (besides the test's output poisoning) and no copy of the weight, on sizes just off
+    the 64-row blocks, the k boxes and the token tiles, split K or not, with w's rows padded and
+    its base 16 bytes in. Row-major weights whose rows TMA cannot address (an odd N, or a K that
+    leaves x's rows unaligned) still come out right, through copies."""
+    torch.manual_seed(0)
+    vec = 16 // dtype.itemsize
+    for m, n, k in [(1, 64, 64), (7, 72, 136), (16, 1000, 1000), (17, 4104, 72), (33, 136, 4104),
+                    (64, 2048, 2000), (5, 17000, 520), (64, 4096, 4096), (8, 4096, 14336)]:
+        x = random_matrix(m, k, dtype, "cuda")
+        for w in [row_major_weight(k, n, dtype), row_major_weight(k, n, dtype, vec, vec)]:
+            names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
+                     if "FillFunctor" not in e["name"]]
+            assert len(names) == 1 and "skinny_tma_kernel" in names[0], names
+            assert re.search(r"Ring<[^<>]+>, false>", names[0]), names[0]
+            assert_matches_reference(x, w, "skinny_tma")
+    for m, n, k in [(9, 129, 130), (2, 1000, 63), (64, 7, 4097)]:
+        assert_matches_reference(random_matrix(m, k, dtype, "cuda"), row_major_weight(k, n, dtype),
+                                 "skinny_tma")
+
+
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 8, 16, 64])
+def test_auto_reads_a_row_major_weight_in_place(m, dtype):
+    """Decode against a weight stored row-major [K, N] (x @ w): `auto` takes skinny_tma, which
+    reads it in place, where rung 10 would first copy it K-contiguous, a copy that takes longer
+    than the product itself."""
+    torch.manual_seed(0)
+    x = random_matrix(m, 4096, dtype, "cuda")
+    w = random_matrix(4096, 4096, dtype, "cuda")
+    assert mmv.auto_choice(x, w) == "skinny_tma"
+    assert_matches_reference(x, w, "auto")
+
+
 def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
     one measured faster: in 16 bits on weights under 64 MiB, up to 8 tokens, and at 16 while its

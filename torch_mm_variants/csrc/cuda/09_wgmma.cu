@@ -607,34 +607,14 @@ __device__ __forceinline__ void multiply_step(float (&acc)[S::kAccumulators], co
   }
 }
 
-// tf32 wgmma's A fragment of step `step` (hopper.cuh) from a consumer's 64 rows of an M-major
-// float32 stage (kARegisters): two boxes of 32 rows, each K line 128 bytes with the 128-byte
-// swizzle (16-byte chunk c of line k at c ^ k % 8), rounded to the nearest tf32 as cuBLAS rounds
-// (the tensor core would drop the low bits). Thread (warp w, lane 4g + t) takes rows 16w + g and
-// 16w + g + 8 at K t and t + 4. Loading K t in every lane, a warp's rows g < 4 and g >= 4 (two
-// neighbouring chunks) would meet in 4 chunks of its K lines, two lanes to a bank; lanes g >= 4
-// load K t + 4 first instead, whose chunks the swizzle puts 4 apart, so each load spans 8 chunks,
-// all 32 banks, and those lanes swap their two values back. The loads name shared memory: the
-// tiles' addresses went through an integer (their alignment), and generic loads take longer.
-// (Unused in the passes that compile the kernel out.)
-[[maybe_unused]] __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4], const uint8_t* rows, int step) {
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
-  const int g = lane / 4, t = lane % 4, upper = g / 4;
-  const uint32_t box = mma::smem_addr(rows) + warp / 2 * kMajorBoxBytes<float>;
-  const auto load = [&](int row, int k) {
-    uint32_t x;
-    const uint32_t at = box + k * kRowBytes + ((row / 4) ^ (k % 8)) * 16 + row % 4 * 4;
-    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(at) : "memory");
-    return mma::round_to_tf32(x);
-  };
+// tf32 wgmma's A fragment of step `step` from a consumer's 64 rows of an M-major float32 stage
+// (kARegisters, hopper::load_m_major_tf32_fragment), rounded to the nearest tf32 as cuBLAS rounds
+// (the tensor core would drop the low bits).
+[[maybe_unused]] __device__ __forceinline__ void load_a_fragment(uint32_t (&a)[4],
+                                                                 const uint8_t* rows, int step) {
+  hopper::load_m_major_tf32_fragment<kMajorBoxBytes<float>>(a, rows, step);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = 16 * (warp % 2) + 8 * h + g;  // in the box
-    const uint32_t first = load(row, 8 * step + t + 4 * upper);
-    const uint32_t second = load(row, 8 * step + t + 4 * (1 - upper));
-    a[h] = upper ? second : first;      // K t
-    a[2 + h] = upper ? first : second;  // K t + 4
-  }
+  for (int q = 0; q < 4; ++q) a[q] = mma::round_to_tf32(a[q]);
 }
 
 // A consumer warpgroup: for each tile, kRowBytes / kWgmmaKBytes multiply steps per stage into

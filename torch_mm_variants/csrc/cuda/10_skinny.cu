@@ -25,7 +25,8 @@
 //   16-bit launches from 9 tokens start while the kernel before them finishes.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a b that is not w.t()-shaped
-// (K-contiguous) is copied into that layout first.
+// (K-contiguous) is copied into that layout first (rung 11 reads a row-major one in place, and
+// `auto` takes it there).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "launch.cuh"

@@ -46,13 +46,20 @@
 //   warpgroup splits the next stage's x while the tensor core multiplies, and each stage is
 //   summed afresh and added in float32. On an H200 (both timings) float32 decode from 24 tokens
 //   ran at 1.55-2.9x of torch.mm, and at 48-64 tokens 1.2-1.9x as fast as rung 10.
+// - A weight stored row-major [K, N] (x @ w, as for a layer that keeps it [in, out]) is read in
+//   place: TMA copies its tiles N-major, boxes of one swizzle row of n (64 16-bit elements or 32
+//   floats) by a box's k lines, which 16-bit wgmma reads transposed and float32 loads into
+//   fragments element by element (hopper::load_m_major_tf32_fragment). A K-contiguous copy, as
+//   rung 10 makes, moves the weight twice more before the product streams it: on an H100 auto
+//   ran such decode products at 0.06-0.10x of torch.mm in bf16 that way, and reads them at
+//   0.98-1.14x in place (docs/performance/decode.md, "Row-major weights").
 // Measured on an H200 (scripts/bench_skinny.py), in 16 bits it streams the large weights at
 // 3.0-3.2 TB/s at every M up to 64 with L2 cleared before each call, and at 3.7-3.9 TB/s back to
 // back in a CUDA graph: 1.02-1.19x of torch.mm's speed. Up to 16 tokens on weights under 64 MiB
 // rung 10's loads stream as fast with L2 cleared, and on an H100 3-5% faster in both timings, so
 // `auto` keeps rung 10 there, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
-// TMA needs 16-byte aligned rows: an x that is not gets copied (it is small), a w that is not
-// takes rung 10's kernel.
+// TMA needs 16-byte aligned rows: an x that is not gets copied (it is small); a K-contiguous w
+// that is not takes rung 10's kernel, and a row-major one is copied K-contiguous.
 #include "common.cuh"
 #include "hopper.cuh"
 #include "launch.cuh"
@@ -62,6 +69,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 
 namespace mm_variants::cuda {
 namespace {
@@ -101,6 +109,10 @@ struct Ring {
       1, std::min(kShape[0], kSmemPerBlock / (kMinStages * (kWBox + kXSlots * kXBox) * 2)));
   static constexpr int kWTile = kBoxes * kWBox, kXTile = kBoxes * kXBox;
   static constexpr int kBoxK = kTmaBoxInnerOf<T>;  // k of a box
+  // A weight box read N-major (a row-major [K, N] weight): n_boxes() boxes of kBoxK rows of n
+  // (one swizzle row) by kBoxK lines of k, n_box_units() apart. Functions, as tokens().
+  __host__ __device__ static constexpr int n_boxes() { return kRows / kBoxK; }
+  __host__ __device__ static constexpr int n_box_units() { return kBoxK * kRowUnits; }
   static constexpr int kStepK = kBoxes * kBoxK;     // k of a stage
   static constexpr int kStageBytes = (kWTile + kXSlots * kXTile) * 2;
   static constexpr int kStages = kSmemPerBlock / kStageBytes;
@@ -118,10 +130,19 @@ constexpr int kMinStepsPerSplit = 4;
   return hopper::smem_descriptor(tile + 16 * step, 16, 1024);
 }
 
+// An N-major weight tile's step-th 16 lines of k (a k16 step) as wgmma's A (transposed): lines of
+// 64 rows in 128 bytes, 8-line atoms 1024 bytes apart (the leading offset, between boxes of 64
+// rows, is unused at 64 rows).
+[[maybe_unused]] __device__ __forceinline__ uint64_t n_major_step(const uint16_t* tile,
+                                                                  int step) {
+  return hopper::smem_descriptor(tile + 16 * kRowUnits * step, kRows * kTmaRowBytes, 1024);
+}
+
 // The producer thread: steps `steps` stages of k from `step0`, each once its slot is free. x's
 // boxes hold its M rows only (the host sizes x's map so), the rest of their tiles is left as it
 // is (see the file's header); TMA counts the bytes it delivers, so M sets each stage's total.
-template <class R>
+// kWKMajor: the weight's boxes are 64 rows of k; otherwise n_boxes() boxes of k lines of n.
+template <class R, bool kWKMajor>
 __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
                         int steps, int M) {
@@ -134,8 +155,16 @@ __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint
 #pragma unroll
     for (int b = 0; b < R::kBoxes; ++b) {
       const int k = k0 + b * R::kBoxK;
-      hopper::tma_load_2d(w_tiles + s * R::kWTile + b * R::kWBox, w_map, &full[s], k, n0,
-                          read_once);
+      uint16_t* w_box = w_tiles + s * R::kWTile + b * R::kWBox;
+      if constexpr (kWKMajor) {
+        hopper::tma_load_2d(w_box, w_map, &full[s], k, n0, read_once);
+      } else {
+#pragma unroll
+        for (int j = 0; j < R::n_boxes(); ++j) {
+          hopper::tma_load_2d(w_box + j * R::n_box_units(), w_map, &full[s], n0 + j * R::kBoxK, k,
+                              read_once);
+        }
+      }
       hopper::tma_load_2d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k, 0);
     }
   }
@@ -160,9 +189,9 @@ __device__ __forceinline__ void for_each_sum(const float (&d)[TOKENS / 2], const
 // one for_each_sum step in 32 different banks.
 [[maybe_unused]] constexpr int kPartialPitch = kRows + 4;
 
-// d (+)= a stage's product, 16-bit: the weight tile is wgmma's A, the x tile its B, both straight
-// from shared memory.
-template <typename T, class R>
+// d (+)= a stage's product, 16-bit: the weight tile is wgmma's A (K-major, or N-major read
+// transposed), the x tile its B, both straight from shared memory.
+template <typename T, class R, bool kWKMajor>
 __device__ __forceinline__ void multiply_16bit(float (&d)[R::tokens() / 2], const uint16_t* w,
                                                const uint16_t* x, bool accumulate) {
   constexpr bool kBf16 = std::is_same_v<T, c10::BFloat16>;
@@ -171,9 +200,10 @@ __device__ __forceinline__ void multiply_16bit(float (&d)[R::tokens() / 2], cons
 #pragma unroll
   for (int k16 = 0; k16 < R::kStepK / 16; ++k16) {
     const int box = k16 / kStepsPerBox, step = k16 % kStepsPerBox;
-    hopper::wgmma_m64k16<R::tokens(), kBf16, false, false>(
-        d, k_major_step(w + box * R::kWBox, step), k_major_step(x + box * R::kXBox, step),
-        accumulate || k16 > 0);
+    const uint16_t* w_box = w + box * R::kWBox;
+    const uint64_t w_step = kWKMajor ? k_major_step(w_box, step) : n_major_step(w_box, step);
+    hopper::wgmma_m64k16<R::tokens(), kBf16, !kWKMajor, false>(
+        d, w_step, k_major_step(x + box * R::kXBox, step), accumulate || k16 > 0);
   }
   hopper::wgmma_commit();
 }
@@ -208,22 +238,29 @@ __device__ __forceinline__ void split_x(uint16_t* x, uint16_t* x_small, int M) {
 }
 
 // d = a stage's product in 3xTF32, x split already. The weight goes to wgmma from registers, so
-// each lane splits its own fragments, loaded with ldmatrix from the swizzled tile.
-template <class R>
+// each lane splits its own fragments, loaded with ldmatrix from the swizzled K-major tile, or
+// element by element from an N-major one (hopper::load_m_major_tf32_fragment).
+template <class R, bool kWKMajor>
 __device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], const uint16_t* w,
                                                 const uint16_t* x, const uint16_t* x_small) {
   constexpr int kK8PerBox = R::kBoxK / 8;
-  // Lane l addresses row l % 8 of 8 x 16-byte matrix l / 8: rows 0-7 and 8-15 of the warp's 16
-  // (matrices 0, 1) at k 0-3, then at k 4-7 (2, 3): a0 .. a3 of the tf32 fragment.
-  const int lane = threadIdx.x % 32;
-  const int row = 16 * (threadIdx.x / 32) + lane % 8 + 8 * (lane / 8 % 2);
   uint32_t a_big[R::kStepK / 8][4], a_small[R::kStepK / 8][4];
 #pragma unroll
   for (int k8 = 0; k8 < R::kStepK / 8; ++k8) {
-    const int box = k8 / kK8PerBox, chunk = 2 * (k8 % kK8PerBox) + lane / 16;
+    const int box = k8 / kK8PerBox;
     uint32_t raw[4];
-    mma::ldmatrix_x4(raw, mma::smem_addr(w + box * R::kWBox) + row * kTmaRowBytes +
-                              ((chunk ^ (row % 8)) << 4));
+    if constexpr (kWKMajor) {
+      // Lane l addresses row l % 8 of 8 x 16-byte matrix l / 8: rows 0-7 and 8-15 of the warp's
+      // 16 (matrices 0, 1) at k 0-3, then at k 4-7 (2, 3): a0 .. a3 of the tf32 fragment.
+      const int lane = threadIdx.x % 32;
+      const int row = 16 * (threadIdx.x / 32) + lane % 8 + 8 * (lane / 8 % 2);
+      const int chunk = 2 * (k8 % kK8PerBox) + lane / 16;
+      mma::ldmatrix_x4(raw, mma::smem_addr(w + box * R::kWBox) + row * kTmaRowBytes +
+                                ((chunk ^ (row % 8)) << 4));
+    } else {
+      hopper::load_m_major_tf32_fragment<R::n_box_units() * 2>(raw, w + box * R::kWBox,
+                                                               k8 % kK8PerBox);
+    }
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const mma::Tf32Parts split = mma::split_tf32(raw[q]);
@@ -249,7 +286,7 @@ __device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], con
 // each stage afresh and adds that into the running sums in float32 (as rung 10 does: the tensor
 // core's own additions keep fewer bits), and splits the next stage's x while the tensor core
 // multiplies.
-template <typename T, class R>
+template <typename T, class R, bool kWKMajor>
 __device__ __forceinline__ void consume(const uint16_t* w_tiles, uint16_t* x_tiles,
                                         uint16_t* x_small_tiles, uint64_t* full, uint64_t* empty,
                                         int steps, T* out, float* partial, int M, int N, int n0) {
@@ -270,7 +307,7 @@ __device__ __forceinline__ void consume(const uint16_t* w_tiles, uint16_t* x_til
     const uint16_t* w = w_tiles + s * R::kWTile;
     uint16_t* x = x_tiles + s * R::kXTile;
     if constexpr (kFloat) {
-      multiply_3xtf32<R>(fresh, w, x, x_small_tiles + s * R::kXTile);
+      multiply_3xtf32<R, kWKMajor>(fresh, w, x, x_small_tiles + s * R::kXTile);
       if (i + 1 < steps) {
         const int next = (i + 1) % R::kStages;
         wait_for_stage(i + 1);
@@ -279,7 +316,7 @@ __device__ __forceinline__ void consume(const uint16_t* w_tiles, uint16_t* x_til
     } else {
       wait_for_stage(i);
       hopper::fence_registers(d);
-      multiply_16bit<T, R>(d, w, x, i > 0);
+      multiply_16bit<T, R, kWKMajor>(d, w, x, i > 0);
     }
     // The multiply is short next to a tile's trip from memory: wait for it and free the slot.
     hopper::wgmma_wait<0>();
@@ -383,8 +420,9 @@ __device__ void sum_cluster_partials(const float* partial, T* out, int M, int N,
 
 // Block (blockIdx.x, blockIdx.y): weight rows 64 bx .. 64 bx + 63 over k steps
 // by * steps_per_split onwards (the host makes every split non-empty). With more than one split,
-// the gridDim.y blocks of a column form one cluster, rank blockIdx.y.
-template <typename T, class R>
+// the gridDim.y blocks of a column form one cluster, rank blockIdx.y. kWKMajor: w_map copies
+// the weight K-major (w [N, K]), otherwise N-major (a row-major [K, N] weight, in place).
+template <typename T, class R, bool kWKMajor>
 __global__ void __launch_bounds__(kThreads)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map, T* out, int M, int N, int K,
@@ -420,9 +458,10 @@ __global__ void __launch_bounds__(kThreads)
   hopper::allow_next_grid();
 
   if (threadIdx.x < 128) {
-    consume<T, R>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, out, partial, M, N, n0);
+    consume<T, R, kWKMajor>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, out, partial, M,
+                            N, n0);
   } else if (threadIdx.x == 128) {
-    produce<R>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M);
+    produce<R, kWKMajor>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M);
   }
   if (partial != nullptr) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
@@ -442,20 +481,20 @@ struct Plan {
   int64_t busiest_k;
 };
 
-template <typename T, class R>
+template <typename T, class R, bool kWKMajor>
 Plan plan(int64_t N, int64_t K, int sms) {
   const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
-  const int per_split = steps_per_split(skinny_tma_kernel<T, R>, kThreads, R::kSmemBytes, 1,
+  const int per_split = steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1,
                                         row_blocks, k_steps, kMaxSplits, kMinStepsPerSplit);
   const int64_t splits = ceil_div(k_steps, per_split);
   return {per_split, dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits)),
           ceil_div(row_blocks * splits, sms) * per_split * R::kStepK};
 }
 
-template <typename T, class R>
+template <typename T, class R, bool kWKMajor>
 void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor& out,
             int64_t M, int64_t N, int64_t K) {
-  auto* kernel = skinny_tma_kernel<T, R>;
+  auto* kernel = skinny_tma_kernel<T, R, kWKMajor>;
   allow_dynamic_smem(kernel, R::kSmemBytes);
   // With more than one split, each column of blocks is a cluster, and the launch starts early
   // (see the file's header).
@@ -466,30 +505,67 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, a
                      static_cast<int>(N), static_cast<int>(K), p.per_split);
 }
 
+// The weight as TMA copies it: the K-contiguous w = b.t() [N, K] in boxes of 64 rows of k
+// (k_major), or a row-major b [K, N], read in place, in boxes of k lines of n. `data` holds the
+// memory the map points at: where b had to be copied, the copy lives as long as the map.
+struct WeightMap {
+  CUtensorMap map;
+  bool k_major;
+  at::Tensor data;
+};
+
+// b's weight map, or none where w = b.t() is K-contiguous in place with rows TMA cannot address
+// (16-byte aligned). Other layouts are copied into a K-contiguous w first.
+template <typename T>
+std::optional<WeightMap> weight_map(const at::Tensor& b) {
+  const int64_t K = b.size(0), N = b.size(1);
+  if (skinny::n_major_in_place<T>(b)) {
+    return WeightMap{
+        tile_map(static_cast<const T*>(b.data_ptr()), N, K, b.stride(0), kTmaBoxInnerOf<T>),
+        false, b};
+  }
+  const skinny::Rows w = skinny::weight(b);
+  if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) return std::nullopt;
+  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
+  return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
+                           N == 1 ? row_pitch : w.ld, kRows),
+                   true, w.data};
+}
+
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
 // SM with a deeper ring wins where the two-per-SM split leaves some SMs with two blocks and
 // others with one (64 tokens on a 4096 x 4096 weight: 3 splits of 64 row blocks, 192 blocks on
 // 132 SMs; alone, 2 splits put one block on each of 128 SMs, and the busiest SM streams a
 // quarter less).
-template <typename T, int TOKENS>
-void launch_skinny_tma(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
+template <typename T, int TOKENS, bool kWKMajor>
+void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor& out, int64_t M,
+                  int64_t N, int64_t K) {
   using Shared = Ring<T, TOKENS, kShape[1]>;
   using Alone = Ring<T, TOKENS, kShape[2]>;
+  const int sms = device_info_for(out.device())->multiProcessorCount;
+  const Plan shared = plan<T, Shared, kWKMajor>(N, K, sms);
+  const Plan alone = plan<T, Alone, kWKMajor>(N, K, sms);
+  if (alone.busiest_k < shared.busiest_k) {
+    launch<T, Alone, kWKMajor>(alone, w_map, x_map, out, M, N, K);
+  } else {
+    launch<T, Shared, kWKMajor>(shared, w_map, x_map, out, M, N, K);
+  }
+}
+
+template <typename T, int TOKENS>
+void launch_skinny_tma(const skinny::Rows& x, const WeightMap& w, at::Tensor& out, int64_t N) {
   constexpr int kVec = 16 / sizeof(T);
-  const int64_t M = x.data.size(0), K = x.data.size(1), N = w.data.size(0);
-  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
-  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
-  const CUtensorMap w_map = tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
-                                     N == 1 ? row_pitch : w.ld, kRows);
+  const int64_t M = x.data.size(0), K = x.data.size(1);
   // x's boxes are its M rows, not the tile's TOKENS (see the file's header).
+  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
   const CUtensorMap x_map = tile_map(static_cast<const T*>(x.data.data_ptr()), K, M,
                                      M == 1 ? row_pitch : x.ld, static_cast<int>(M));
-  const int sms = device_info_for(out.device())->multiProcessorCount;
-  const Plan shared = plan<T, Shared>(N, K, sms), alone = plan<T, Alone>(N, K, sms);
-  if (alone.busiest_k < shared.busiest_k) {
-    launch<T, Alone>(alone, w_map, x_map, out, M, N, K);
+  if (w.k_major) {
+    launch_rings<T, TOKENS, true>(w.map, x_map, out, M, N, K);
   } else {
-    launch<T, Shared>(shared, w_map, x_map, out, M, N, K);
+    launch_rings<T, TOKENS, false>(w.map, x_map, out, M, N, K);
   }
 }
 
@@ -497,20 +573,18 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const auto run = [&](auto dtype) {
     using T = decltype(dtype);
     skinny::check_extents(a, b);
-    const skinny::Rows w = skinny::weight(b);
-    if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) {  // TMA cannot address w
-      return find_algorithm(a.device(), "skinny").run(a, b, out);
-    }
+    const std::optional<WeightMap> w = weight_map<T>(b);
+    if (!w) return find_algorithm(a.device(), "skinny").run(a, b, out);
     const skinny::Rows x = skinny::tokens<T>(a);
-    const int64_t M = a.size(0);
+    const int64_t M = a.size(0), N = b.size(1);
     if (M <= 8) {
-      launch_skinny_tma<T, 8>(x, w, out);
+      launch_skinny_tma<T, 8>(x, *w, out, N);
     } else if (M <= 16) {
-      launch_skinny_tma<T, 16>(x, w, out);
+      launch_skinny_tma<T, 16>(x, *w, out, N);
     } else if (M <= 32) {
-      launch_skinny_tma<T, 32>(x, w, out);
+      launch_skinny_tma<T, 32>(x, *w, out, N);
     } else {
-      launch_skinny_tma<T, 64>(x, w, out);
+      launch_skinny_tma<T, 64>(x, *w, out, N);
     }
   };
   if (a.scalar_type() == at::kFloat) {
@@ -538,6 +612,10 @@ constexpr int64_t kLargeWeight = int64_t(64) << 20;
 
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  // Rung 10 would copy a row-major weight K-contiguous first; this rung reads it in place.
+  const bool n_major = a.scalar_type() == at::kFloat ? skinny::n_major_in_place<float>(b)
+                                                     : skinny::n_major_in_place<c10::Half>(b);
+  if (n_major) return false;
   if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   const int sms = device_info_for(a.device())->multiProcessorCount;

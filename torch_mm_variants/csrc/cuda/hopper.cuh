@@ -389,6 +389,37 @@ __device__ __forceinline__ void wgmma_m64k8_tf32(float (&d)[N / 2], const uint32
   }
 }
 
+// The A fragment of wgmma_m64k8_tf32's k8 step `step` as raw float bits (the caller rounds or
+// splits them), loaded from a warpgroup's 64 rows of an M-major float tile: two boxes of 32 rows,
+// kBoxBytes apart, each a run of K lines of 128 bytes with the 128-byte swizzle (16-byte chunk c
+// of line k at c ^ k % 8). Thread (warp w, lane 4g + t) takes rows 16w + g and 16w + g + 8 at K t
+// and t + 4. Loading K t in every lane, a warp's rows g < 4 and g >= 4 (two neighbouring chunks)
+// would meet in 4 chunks of its K lines, two lanes to a bank; lanes g >= 4 load K t + 4 first
+// instead, whose chunks the swizzle puts 4 apart, so each load spans 8 chunks, all 32 banks, and
+// those lanes swap their two values back. The loads name shared memory: generic loads take
+// longer.
+template <int kBoxBytes>
+__device__ __forceinline__ void load_m_major_tf32_fragment(uint32_t (&a)[4], const void* rows,
+                                                           int step) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32 % 4;
+  const int g = lane / 4, t = lane % 4, upper = g / 4;
+  const uint32_t box = smem_addr(rows) + warp / 2 * kBoxBytes;
+  const auto load = [&](int row, int k) {
+    uint32_t x;
+    const uint32_t at = box + k * 128 + ((row / 4) ^ (k % 8)) * 16 + row % 4 * 4;
+    asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(x) : "r"(at) : "memory");
+    return x;
+  };
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * (warp % 2) + 8 * h + g;  // in the box
+    const uint32_t first = load(row, 8 * step + t + 4 * upper);
+    const uint32_t second = load(row, 8 * step + t + 4 * (1 - upper));
+    a[h] = upper ? second : first;      // K t
+    a[2 + h] = upper ? first : second;  // K t + 4
+  }
+}
+
 // D[64 x N] (+)= A[64 x 8] B[8 x N] in tf32, float accumulation, both operands K-major tiles in
 // shared memory (tf32 has no transposes), given by descriptors as for wgmma_m64k16: a k8 step is
 // 32 bytes of K, as a k16 step of 16-bit elements. N is 64, 128, 192 or 256 (rung 9's tiles).

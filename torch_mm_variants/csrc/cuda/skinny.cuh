@@ -42,6 +42,17 @@ inline Rows weight(const at::Tensor& b) {
   return {w, N == 1 ? 0 : w.stride(0)};
 }
 
+// Whether b [K, N] is a row-major weight (N-contiguous: x @ w for a w stored [in, out]) whose
+// rows TMA can address in place (16-byte aligned, none overlapping): rung 11 reads its tiles
+// N-major, where a K-contiguous copy would take longer than the product. A single row or column
+// is K-contiguous (weight) either way.
+template <typename T>
+bool n_major_in_place(const at::Tensor& b) {
+  const int64_t K = b.size(0), N = b.size(1);
+  return K > 1 && N > 1 && b.stride(1) == 1 && b.stride(0) >= N &&
+         rows_aligned<T>(b.data_ptr(), b.stride(0));
+}
+
 // x = a with K-contiguous, 16-byte aligned rows; otherwise a copy with padded rows, which costs
 // little next to the weight.
 template <typename T>
