@@ -484,8 +484,9 @@ struct Plan {
 template <typename T, class R, bool kWKMajor>
 Plan plan(int64_t N, int64_t K, int sms) {
   const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
-  const int per_split = steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1,
-                                        row_blocks, k_steps, kMaxSplits, kMinStepsPerSplit);
+  const int per_split =
+      steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1, row_blocks,
+                      k_steps, kMaxSplits, kMinStepsPerSplit);
   const int64_t splits = ceil_div(k_steps, per_split);
   return {per_split, dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits)),
           ceil_div(row_blocks * splits, sms) * per_split * R::kStepK};
