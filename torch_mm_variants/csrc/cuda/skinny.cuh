@@ -11,7 +11,7 @@
 
 namespace mm_variants::cuda::skinny {
 
-// Both rungs take at most this many rows of a: the tokens of LLM decode.
+// Rung 10 takes at most this many rows of a: the tokens of LLM decode.
 constexpr int kMaxM = 64;
 
 inline bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxM; }
@@ -19,6 +19,16 @@ inline bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) 
 constexpr const char* kFewRowsOnly =
     "it is for few rows of a (LLM decode) and takes M <= 64; use another algorithm (or 'auto') "
     "for larger M";
+
+// Rung 11 takes up to kMaxTmaM rows: its tokens are wgmma's N, which reaches 256, and 128 of them
+// still leave a float32 block of 64 weight rows its registers (two sets of 64 sums a thread).
+constexpr int kMaxTmaM = 128;
+
+inline bool tma_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxTmaM; }
+
+constexpr const char* kTmaRowsOnly =
+    "it is for few rows of a (LLM decode, small batches) and takes M <= 128; use another "
+    "algorithm (or 'auto') for larger M";
 
 // Whether `ld` and `ptr` allow 16-byte loads of T rows.
 template <typename T>
