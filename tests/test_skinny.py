@@ -1,7 +1,8 @@
 """The skinny rungs (LLM decode): `skinny` (mma.sync, sm_80+, M <= 64) and, on sm_90 builds,
-`skinny_tma` (TMA + wgmma, M <= 128). Correctness over sizes that cross their weight-row blocks, token tiles
-and k steps, the four layouts, misaligned views, the split-K pass, determinism, CUDA graphs, their
-refusal of M > 64, the SASS of the Hopper one and the `auto` choice."""
+`skinny_tma` (TMA + wgmma, M <= 128). Correctness over sizes that cross their weight-row blocks,
+token tiles and k steps, the four layouts, misaligned views, the split-K pass, determinism, CUDA
+graphs, their refusal of more rows than they take, the SASS of the Hopper one and the `auto`
+choice."""
 from __future__ import annotations
 
 import contextlib
@@ -78,7 +79,7 @@ def test_sizes_and_layouts(algorithm, dtype, layout):
 @pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
 def test_misaligned_and_strided_views(algorithm, dtype):
     torch.manual_seed(0)
-    for m, n, k in [(1, 300, 1000), (16, 129, 4097), (33, 2200, 77)]:
+    for m, n, k in [(1, 300, 1000), (16, 129, 4097), (33, 2200, 77), (100, 129, 4097)]:
         x_storage = torch.randn(m * (k + 5) + 3, device="cuda").to(dtype)
         misaligned_x = x_storage[1:1 + m * (k + 5)].view(m, k + 5)[:, 2:2 + k]
         for a in [random_matrix(m, k, dtype, "cuda"), misaligned_x,

@@ -24,8 +24,8 @@
 //   in boxes that end inside the tensor (H200). The tile rows past M are then whatever the ring
 //   held; they only make output columns that are never stored (each token is its own column of
 //   wgmma's result).
-// - A block's x tile (tokens x k) is at most as large as its weight tile, so x adds at most as
-//   much L2 traffic as the weight.
+// - Up to 64 tokens a block's x tile (tokens x k) is at most as large as its weight tile, so x
+//   adds at most as much L2 traffic as the weight (at 128 tokens, twice as much).
 // - Blocks own 64 weight rows and a range of K. When N / 64 blocks cannot fill the GPU, K is
 //   split over the blocks of a thread-block cluster (up to 8). Each leaves its float partial tile
 //   in its shared memory; after a cluster barrier each block adds a share of the tile over all
@@ -59,7 +59,8 @@
 // rung 10's loads stream as fast with L2 cleared, and on an H100 3-5% faster in both timings, so
 // `auto` keeps rung 10 there, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
 // TMA needs 16-byte aligned rows: an x that is not gets copied (it is small); a K-contiguous w
-// that is not takes rung 10's kernel, and a row-major one is copied K-contiguous.
+// that is not takes rung 10's kernel up to 64 tokens (and past them is copied into aligned rows),
+// and a row-major one is copied K-contiguous.
 #include "common.cuh"
 #include "hopper.cuh"
 #include "launch.cuh"
@@ -517,8 +518,21 @@ struct WeightMap {
   at::Tensor data;
 };
 
-// b's weight map, or none where w = b.t() is K-contiguous in place with rows TMA cannot address
-// (16-byte aligned). Other layouts are copied into a K-contiguous w first.
+// The map of a K-contiguous weight w [N, K] with 16-byte aligned rows.
+template <typename T>
+WeightMap k_major_map(const skinny::Rows& w) {
+  const int64_t N = w.data.size(0), K = w.data.size(1);
+  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
+  return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
+                           N == 1 ? row_pitch : w.ld, kRows),
+                   true, w.data};
+}
+
+// b's weight map, or none where w = b.t() is K-contiguous in place (or copied so, with rows K
+// elements apart) with rows TMA cannot address (16-byte aligned). Other layouts are copied into
+// a K-contiguous w first.
 template <typename T>
 std::optional<WeightMap> weight_map(const at::Tensor& b) {
   const int64_t K = b.size(0), N = b.size(1);
@@ -529,12 +543,7 @@ std::optional<WeightMap> weight_map(const at::Tensor& b) {
   }
   const skinny::Rows w = skinny::weight(b);
   if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) return std::nullopt;
-  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
-  return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
-                           N == 1 ? row_pitch : w.ld, kRows),
-                   true, w.data};
+  return k_major_map<T>(w);
 }
 
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
@@ -581,8 +590,13 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const auto run = [&](auto dtype) {
     using T = decltype(dtype);
     skinny::check_extents(a, b);
-    const std::optional<WeightMap> w = weight_map<T>(b);
-    if (!w) return find_algorithm(a.device(), "skinny").run(a, b, out);
+    std::optional<WeightMap> w = weight_map<T>(b);
+    if (!w) {
+      // Rows TMA cannot address: rung 10 reads them in place, up to its 64 rows; past those,
+      // this rung copies them into aligned ones.
+      if (a.size(0) <= skinny::kMaxM) return find_algorithm(a.device(), "skinny").run(a, b, out);
+      w = k_major_map<T>(skinny::padded_copy<T>(b.t()));
+    }
     const skinny::Rows x = skinny::tokens<T>(a);
     const int64_t M = a.size(0), N = b.size(1);
     if (M <= 8) {
