@@ -12,7 +12,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (TF32_TOLERANCE, assert_matches_reference, gpu_capability, kernel_sass,
-                      relative_error)
+                      launched_kernels, random_matrix, relative_error)
 
 ALGORITHM = "tensor_core"
 
@@ -64,6 +64,36 @@ def test_3xtf32_sums_each_k_tile_afresh(tf32_settings):
     a, b = torch.rand(128, 65536, device="cuda"), torch.rand(65536, 128, device="cuda")
     err = float32_error(a, b)
     assert err < 2e-6, f"relative error {err:.2e}"
+
+
+def kernel_names(run) -> list[str]:
+    """The kernels that run() launches, without the test's output poisoning."""
+    return [e["name"] for e in launched_kernels(run) if "FillFunctor" not in e["name"]]
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["3xtf32", "tf32"])
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("row", "col"), ("col", "row"),
+                                               ("col", "col")])
+def test_float32_outputs_of_few_tiles_split_k(tf32_settings, tf32, a_layout, b_layout):
+    """float32 products whose tiles fill under half the SMs split K into ranges of whole K tiles:
+    one batched launch (and one more for a shorter last range), then a pass that adds the ranges'
+    sums in order. Within float32's (or TF32's) tolerance on sizes off the tile and range
+    boundaries, every element written, the same bits on every run; a product that fills the SMs
+    runs in one launch."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.manual_seed(0)
+    for m, n, k in [(128, 4096, 4096), (65, 129, 4097), (200, 300, 1500), (1, 8, 2048)]:
+        a = random_matrix(m, k, torch.float32, "cuda", a_layout)
+        b = random_matrix(k, n, torch.float32, "cuda", b_layout)
+        names = kernel_names(lambda: mmv.matmul(a, b, ALGORITHM))
+        assert any("sum_splits_kernel" in name for name in names), names
+        assert any("tensor_core_kernel" in name and "BatchStrides" in name for name in names)
+        assert_matches_reference(a, b, ALGORITHM)
+        assert torch.equal(mmv.matmul(a, b, ALGORITHM), mmv.matmul(a, b, ALGORITHM))
+    a = random_matrix(2048, 2048, torch.float32, "cuda", a_layout)
+    b = random_matrix(2048, 2048, torch.float32, "cuda", b_layout)
+    names = kernel_names(lambda: mmv.matmul(a, b, ALGORITHM))
+    assert len(names) == 1 and "SingleEntry" in names[0], names
 
 
 def test_backward_after_tf32_is_switched_off(tf32_settings):
