@@ -651,9 +651,9 @@ int k_splits(const G& g, int sms) {
 
 // Runs float32 problem g as `splits` ranges of K (see k_splits), each slice of the sums buffer
 // starting 16-byte aligned, as the kernel's stores want; a last range shorter than the others
-// takes a launch of its own.
-template <class C, class G>
-void launch_split(const G& g, int splits) {
+// takes a launch of its own. The pass that adds the ranges applies epi.
+template <class C, class G, class Epi>
+void launch_split(const G& g, int splits, const Epi& epi) {
   static_assert(std::is_same_v<typename G::scalar, float>, "the sums are stored as float32");
   const int64_t bk = Tiles<C, G>::BK;
   const int64_t per_split = static_cast<int64_t>(ceil_div(ceil_div(g.K, splits), bk)) * bk;
@@ -677,24 +677,23 @@ void launch_split(const G& g, int splits) {
     last.K = static_cast<int>(g.K - whole * per_split);
     run_tiles<C>(last, NoEpilogue{}, SingleEntry{}, 1);
   }
-  sum_splits<float>(sums.data_ptr<float>(), slice, splits, g.c, g.M, g.N, g.ldc);
+  sum_splits<float>(sums.data_ptr<float>(), slice, splits, g.c, g.M, g.N, g.ldc, epi);
 }
 
 // Launches problem g (and, for a batch, the entries - 1 problems after it): float32 with TF32
 // off in 3xTF32, otherwise with the tiling that fits the device's shared memory, DeepTiling first
-// where G prefers it. A single float32 product of few tiles, with no epilogue, splits K.
+// where G prefers it. A single float32 product of few tiles splits K.
 template <class G, class Epi = NoEpilogue, class Batch = SingleEntry>
 void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned entries = 1) {
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
   const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
-  constexpr bool kMaySplit = std::is_same_v<typename G::scalar, float> &&
-                             std::is_same_v<Epi, NoEpilogue> &&
-                             std::is_same_v<Batch, SingleEntry>;
+  constexpr bool kMaySplit =
+      std::is_same_v<typename G::scalar, float> && std::is_same_v<Batch, SingleEntry>;
   const auto launch_tiled = [&](auto tiling) {
     using C = decltype(tiling);
     if constexpr (kMaySplit) {
       const int splits = k_splits<C>(g, device.multiProcessorCount);
-      if (splits > 1) return launch_split<C>(g, splits);
+      if (splits > 1) return launch_split<C>(g, splits, epi);
     }
     run_tiles<C>(g, epi, batch, entries);
   };
