@@ -19,7 +19,8 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # shared-memory accesses, and a K of thousands there takes it many minutes): wgmma's K split over
 # a cluster for few tiles (136 x 264 x 4100: K >= 4096, rows aligned in every layout);
 # skinny_tma's one-block-per-SM ring (64 tokens against a 4096 x 4096 weight, on a GPU of 132
-# SMs); wgmma's narrow tiles in six K splits (16 of them), past K = 8192 its wide tiles split 8
+# SMs) and, with b row-major, its weight read N-major (rows aligned there and in 20 x 136 x 1000,
+# whose last 64-row block is partly past N); wgmma's narrow tiles in six K splits (16 of them), past K = 8192 its wide tiles split 8
 # ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows, and a split
 # tail (66 columns of pairs, then the last, partial column in 8 splits); rows 16-byte aligned in
 # every layout. 128 x 192 tiles, unpaired over 3 rows (outside the nn.Linear layout, which
@@ -31,7 +32,7 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # 128 x 64 tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles
 # (17-24 tokens) and 8 (49-64).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
-                "skinny_tma": [(64, 4096, 4096)],
+                "skinny_tma": [(64, 4096, 4096), (20, 136, 1000)],
                 "wgmma": [(136, 264, 4100), (200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
                           (129, 17000, 4104), (300, 7680, 136), (704, 4104, 1000),
                           (300, 7000, 320), (300, 7001, 320), (160, 4001, 8200),
