@@ -265,15 +265,20 @@ struct SingleEntry {
 };
 
 // A batch of problems like g, entry i's operands and output i times these strides (in elements)
-// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y.
+// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y. With
+// k_total set, the entries are ranges of g.K of one product's K (launch_split), and the last one
+// takes what is left of k_total.
 struct BatchStrides {
   int64_t a, b, c;
+  int64_t k_total = 0;
 
   template <class G>
   __host__ __device__ __forceinline__ G at(G g, int64_t i) const {
     g.a.data += i * a;
     g.b.data += i * b;
     g.c += i * c;
+    const int64_t k_left = k_total - i * g.K;
+    if (k_total > 0 && k_left < g.K) g.K = static_cast<int>(k_left);
     return g;
   }
 };
@@ -649,9 +654,9 @@ int k_splits(const G& g, int sms) {
                                               1, kMaxSplits));
 }
 
-// Runs float32 problem g as `splits` ranges of K (see k_splits), each slice of the sums buffer
-// starting 16-byte aligned, as the kernel's stores want; a last range shorter than the others
-// takes a launch of its own. The pass that adds the ranges applies epi.
+// Runs float32 problem g as `splits` ranges of K (see k_splits) in one batched launch, each slice
+// of the sums buffer starting 16-byte aligned, as the kernel's stores want. The pass that adds
+// the ranges applies epi.
 template <class C, class G, class Epi>
 void launch_split(const G& g, int splits, const Epi& epi) {
   static_assert(std::is_same_v<typename G::scalar, float>, "the sums are stored as float32");
@@ -669,14 +674,9 @@ void launch_split(const G& g, int splits, const Epi& epi) {
   // Entry s starts s * per_split into K: along the rows of a K-contiguous operand, down the
   // columns of the other kind.
   const BatchStrides ranges{decltype(G::a)::k_contiguous ? per_split : per_split * g.a.ld,
-                            decltype(G::b)::k_contiguous ? per_split : per_split * g.b.ld, slice};
-  const int whole = g.K % per_split == 0 ? splits : splits - 1;
-  run_tiles<C>(first, NoEpilogue{}, ranges, static_cast<unsigned>(whole));
-  if (whole < splits) {
-    G last = ranges.at(first, whole);
-    last.K = static_cast<int>(g.K - whole * per_split);
-    run_tiles<C>(last, NoEpilogue{}, SingleEntry{}, 1);
-  }
+                            decltype(G::b)::k_contiguous ? per_split : per_split * g.b.ld, slice,
+                            g.K};
+  run_tiles<C>(first, NoEpilogue{}, ranges, static_cast<unsigned>(splits));
   sum_splits<float>(sums.data_ptr<float>(), slice, splits, g.c, g.M, g.N, g.ldc, epi);
 }
 
