@@ -1,9 +1,11 @@
-"""The skinny rungs (LLM decode, M <= 64): `skinny` (mma.sync, sm_80+) and, on sm_90 builds,
-`skinny_tma` (TMA + wgmma). Correctness over sizes that cross their weight-row blocks, token tiles
-and k steps, the four layouts, misaligned views, the split-K pass, determinism, CUDA graphs, their
-refusal of M > 64, the SASS of the Hopper one and the `auto` choice."""
+"""The skinny rungs (LLM decode): `skinny` (mma.sync, sm_80+, M <= 64) and, on sm_90 builds,
+`skinny_tma` (TMA + wgmma, M <= 128). Correctness over sizes that cross their weight-row blocks,
+token tiles and k steps, the four layouts, misaligned views, the split-K pass, determinism, CUDA
+graphs, their refusal of more rows than they take, the SASS of the Hopper one and the `auto`
+choice."""
 from __future__ import annotations
 
+import contextlib
 import re
 
 import pytest
@@ -11,7 +13,8 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, gpu_available, gpu_capability,
-                      kernel_sass, launched_kernels, random_matrix, sm90a_available)
+                      kernel_sass, launched_kernels, random_matrix, sm90a_available,
+                      tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -48,7 +51,8 @@ def test_listed_where_they_run():
 def sizes() -> list[tuple[int, int, int]]:
     """(M, N, K) varying one dimension at a time, plus a few corners. Small N splits K over
     blocks; N >= 2112 (skinny) or 17000 (skinny_tma) gives every SM blocks without a split."""
-    ms = [1, 2, 7, 16, 17, 24, 25, 33, 48, 49, 64]  # each side of rung 10's token-tile counts
+    # Each side of rung 10's token-tile counts and rung 11's token tiles (rung 10 refuses M > 64).
+    ms = [1, 2, 7, 16, 17, 24, 25, 33, 48, 49, 64, 65, 100, 128]
     ns, ks = [1, 7, 129, 1000], [1, 7, 129, 1000, 4097]
     return ([(m, 129, 1000) for m in ms] + [(16, n, 1000) for n in ns]
             + [(7, 129, k) for k in ks]
@@ -75,7 +79,7 @@ def test_sizes_and_layouts(algorithm, dtype, layout):
 @pytest.mark.parametrize("algorithm, dtype", ALGORITHM_DTYPES)
 def test_misaligned_and_strided_views(algorithm, dtype):
     torch.manual_seed(0)
-    for m, n, k in [(1, 300, 1000), (16, 129, 4097), (33, 2200, 77)]:
+    for m, n, k in [(1, 300, 1000), (16, 129, 4097), (33, 2200, 77), (100, 129, 4097)]:
         x_storage = torch.randn(m * (k + 5) + 3, device="cuda").to(dtype)
         misaligned_x = x_storage[1:1 + m * (k + 5)].view(m, k + 5)[:, 2:2 + k]
         for a in [random_matrix(m, k, dtype, "cuda"), misaligned_x,
@@ -101,7 +105,7 @@ def test_every_split_count(algorithm, dtype):
 
 @pytest.mark.parametrize("algorithm", [name for name in skinny_algorithms()
                                        if torch.float32 in dtypes_of(name)])
-@pytest.mark.parametrize("m", [1, 17, 40, 64])
+@pytest.mark.parametrize("m", [1, 17, 40, 64, 128])
 def test_float32_keeps_float32_accuracy_over_long_k(algorithm, m):
     """float32 runs in 3xTF32 on the tensor cores, whose accumulators lose bits over long chains
     of MMAs: the product must stay within float32's tolerance at the K of large nn.Linear layers
@@ -140,15 +144,19 @@ def test_cuda_graph_capture(algorithm):
         assert torch.equal(out, mmv.matmul(a, b, algorithm)) and not torch.equal(out, before)
 
 
+MAX_ROWS = {"skinny": 64, "skinny_tma": 128}
+
+
 @pytest.mark.parametrize("algorithm", skinny_algorithms())
-def test_more_than_64_rows_is_refused(algorithm):
-    a = torch.randn(65, 32, device="cuda", dtype=torch.bfloat16)
+def test_more_rows_than_the_rung_takes_are_refused(algorithm):
+    rows = MAX_ROWS[algorithm]
+    a = torch.randn(rows + 1, 32, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(32, 16, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(RuntimeError,
-                       match=rf"algorithm '{algorithm}' cannot take these inputs: .*M <= 64"):
+                       match=rf"algorithm '{algorithm}' cannot take these inputs: .*M <= {rows}"):
         mmv.matmul(a, b, algorithm)
     assert not mmv.auto_choice(a, b).startswith("skinny")
-    assert mmv.matmul(a[:64], b, algorithm).shape == (64, 16)
+    assert mmv.matmul(a[:rows], b, algorithm).shape == (rows, 16)
 
 
 @pytest.mark.parametrize("algorithm", skinny_algorithms())
@@ -199,7 +207,8 @@ def test_tma_reads_a_row_major_weight_in_place(dtype):
     torch.manual_seed(0)
     vec = 16 // dtype.itemsize
     for m, n, k in [(1, 64, 64), (7, 72, 136), (16, 1000, 1000), (17, 4104, 72), (33, 136, 4104),
-                    (64, 2048, 2000), (5, 17000, 520), (64, 4096, 4096), (8, 4096, 14336)]:
+                    (64, 2048, 2000), (5, 17000, 520), (64, 4096, 4096), (8, 4096, 14336),
+                    (100, 136, 1000), (128, 4096, 4096)]:
         x = random_matrix(m, k, dtype, "cuda")
         for w in [row_major_weight(k, n, dtype), row_major_weight(k, n, dtype, vec, vec)]:
             names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
@@ -213,16 +222,35 @@ def test_tma_reads_a_row_major_weight_in_place(dtype):
 
 
 @pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
+@pytest.mark.parametrize("tf32", [False, True], ids=["tf32-off", "tf32-on"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [65, 128])
+def test_auto_past_64_tokens(m, dtype, tf32):
+    """65-128 tokens: `auto` takes skinny_tma for float32 with TF32 off, where the rungs below run
+    3xTF32 in 128-row tiles that leave most SMs idle, and wgmma for 16 bits and TF32; both weight
+    layouts, every product exact."""
+    torch.manual_seed(0)
+    x = random_matrix(m, 4096, dtype, "cuda")
+    for w in [random_matrix(4096, 4096, dtype, "cuda"),
+              random_matrix(4096, 4096, dtype, "cuda", "col")]:
+        with tf32_allowed() if tf32 else contextlib.nullcontext():
+            expected = "skinny_tma" if dtype == torch.float32 and not tf32 else "wgmma"
+            assert mmv.auto_choice(x, w) == expected
+            assert_matches_reference(x, w, "auto")
+
+
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 8, 16, 64])
+@pytest.mark.parametrize("m", [1, 8, 16, 64, 128])
 def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     """Decode against a weight stored row-major [K, N] (x @ w): `auto` takes skinny_tma, which
     reads it in place, where rung 10 would first copy it K-contiguous, a copy that takes longer
-    than the product itself."""
+    than the product itself; past 64 tokens, for float32 with TF32 off only (wgmma otherwise)."""
     torch.manual_seed(0)
     x = random_matrix(m, 4096, dtype, "cuda")
     w = random_matrix(4096, 4096, dtype, "cuda")
-    assert mmv.auto_choice(x, w) == "skinny_tma"
+    expected = "skinny_tma" if m <= 64 or dtype == torch.float32 else "wgmma"
+    assert mmv.auto_choice(x, w) == expected
     assert_matches_reference(x, w, "auto")
 
 
@@ -266,7 +294,7 @@ def test_tma_ring_sizes(dtype):
     torch.manual_seed(0)
     rings = {}
     for m, n, k in [(64, 4096, 4096), (64, 4096, 14336), (64, 14336, 4096), (61, 4033, 4104),
-                    (33, 4095, 8200), (64, 4100, 3992)]:
+                    (33, 4095, 8200), (64, 4100, 3992), (128, 4096, 4096), (97, 14336, 4104)]:
         x, w = random_matrix(m, k, dtype, "cuda"), random_matrix(n, k, dtype, "cuda")
         names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w.t(), "skinny_tma"))
                  if "skinny_tma_kernel" in e["name"]]
@@ -274,6 +302,8 @@ def test_tma_ring_sizes(dtype):
         rings[(m, n, k)] = int(re.search(r"Ring<[^,<>]+, \d+, (\d+)>", names[0]).group(1))
         assert_matches_reference(x, w.t(), "skinny_tma")
     assert set(rings.values()) <= {96, 192}
+    if dtype == torch.float32:  # 128 float32 tokens fit three stages in the deep ring only
+        assert rings[(128, 4096, 4096)] == rings[(97, 14336, 4104)] == 192, rings
     if dtype != torch.float32 and torch.cuda.get_device_properties(0).multi_processor_count == 132:
         assert rings[(64, 4096, 4096)] == rings[(64, 4096, 14336)] == 192, rings
         assert rings[(64, 14336, 4096)] == 96, rings

@@ -12,7 +12,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (TF32_TOLERANCE, assert_matches_reference, gpu_capability, kernel_sass,
-                      relative_error)
+                      launched_kernels, random_matrix, relative_error)
 
 ALGORITHM = "tensor_core"
 
@@ -55,15 +55,66 @@ def test_float32_keeps_float32_accuracy_without_tf32(tf32_settings, m, n, k):
     assert err < 1e-6, f"relative error {err:.2e}"
 
 
-def test_3xtf32_sums_each_k_tile_afresh(tf32_settings):
+@pytest.mark.parametrize("mn", [128, 1152], ids=["split-k", "whole-k"])
+def test_3xtf32_sums_each_k_tile_afresh(tf32_settings, mn):
     """Positive inputs over a long K, where the tensor core's accumulation, which does not round
     to nearest, would drift in one chain of MMAs per output (to about 1e-5): each K tile's
-    products are added to the sums in float32 instead."""
+    products are added to the sums in float32 instead. A 128 x 128 output splits K (16 ranges
+    of 4096); 1152 x 1152 fills the SMs and runs all of K in each output's chain."""
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.manual_seed(0)
-    a, b = torch.rand(128, 65536, device="cuda"), torch.rand(65536, 128, device="cuda")
+    a, b = torch.rand(mn, 65536, device="cuda"), torch.rand(65536, mn, device="cuda")
     err = float32_error(a, b)
     assert err < 2e-6, f"relative error {err:.2e}"
+
+
+def kernel_names(run) -> list[str]:
+    """The kernels that run() launches, without the test's output poisoning."""
+    return [e["name"] for e in launched_kernels(run) if "FillFunctor" not in e["name"]]
+
+
+@pytest.mark.parametrize("tf32", [False, True], ids=["3xtf32", "tf32"])
+@pytest.mark.parametrize("a_layout,b_layout", [("row", "row"), ("row", "col"), ("col", "row"),
+                                               ("col", "col")])
+def test_float32_outputs_of_few_tiles_split_k(tf32_settings, tf32, a_layout, b_layout):
+    """float32 products whose tiles fill under half the SMs split K into ranges of whole K tiles
+    (the last one shorter where they do not divide K): one batched launch, then a pass that adds
+    the ranges' sums in order. Within float32's (or TF32's) tolerance on sizes off the tile and range
+    boundaries, every element written, the same bits on every run; a product that fills the SMs
+    runs in one launch."""
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.manual_seed(0)
+    for m, n, k in [(128, 4096, 4096), (65, 129, 4097), (200, 300, 1500), (1, 8, 2048)]:
+        a = random_matrix(m, k, torch.float32, "cuda", a_layout)
+        b = random_matrix(k, n, torch.float32, "cuda", b_layout)
+        names = kernel_names(lambda: mmv.matmul(a, b, ALGORITHM))
+        assert len(names) == 2, names
+        assert {"BatchStrides" in name for name in names} == {True, False}, names
+        assert any("sum_splits_kernel" in name for name in names), names
+        assert_matches_reference(a, b, ALGORITHM)
+        assert torch.equal(mmv.matmul(a, b, ALGORITHM), mmv.matmul(a, b, ALGORITHM))
+    a = random_matrix(2048, 2048, torch.float32, "cuda", a_layout)
+    b = random_matrix(2048, 2048, torch.float32, "cuda", b_layout)
+    names = kernel_names(lambda: mmv.matmul(a, b, ALGORITHM))
+    assert len(names) == 1 and "SingleEntry" in names[0], names
+
+
+@pytest.mark.parametrize("activation", ["none", "relu", "gelu"])
+def test_float32_linear_of_few_tiles_splits_k_through_its_epilogue(tf32_settings, activation):
+    """mm_variants::linear in float32 at 128 tokens (the nn.Linear layout, whose bias and
+    activation the kernel applies as it stores): the split K adds the ranges' sums and applies
+    the bias and activation in the same pass."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.manual_seed(0)
+    x, w = torch.randn(128, 4096, device="cuda"), torch.randn(4096, 4096, device="cuda")
+    bias = torch.randn(4096, device="cuda")
+    run = lambda: mmv.linear(x, w, bias, activation=activation, algorithm=ALGORITHM)  # noqa: E731
+    assert any("sum_splits_kernel" in name for name in kernel_names(run))
+    reference = torch.nn.functional.linear(x.double(), w.double(), bias.double())
+    reference = {"none": lambda t: t, "relu": torch.relu,
+                 "gelu": torch.nn.functional.gelu}[activation](reference)
+    err = relative_error(run(), reference)
+    assert err < 1e-6, f"relative error {err:.2e}"
 
 
 def test_backward_after_tf32_is_switched_off(tf32_settings):

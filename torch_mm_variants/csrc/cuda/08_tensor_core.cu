@@ -21,6 +21,8 @@
 // - Epilogue: each warp stages 16 rows of its tile in shared memory and writes them with 16-byte
 //   stores in the input dtype. Thread blocks walk C in groups of kGroupM tile rows so that blocks
 //   resident at the same time share their A and B panels in L2.
+// - float32 outputs of too few tiles to fill half the SMs (a hundred rows against a large
+//   weight) split K over the blocks and add the splits' sums in a second pass (k_splits).
 // - mm_variants::linear's bias and activation are applied to the float32 sums as they are
 //   staged (epilogue.cuh), for the nn.Linear layout x @ w.t(); a bmm batch runs in one launch,
 //   batch entries along gridDim.y. Both are template arguments: the plain matmul's code is
@@ -46,9 +48,11 @@
 // element loads.
 #include "common.cuh"
 #include "epilogue.cuh"
+#include "k_splits.cuh"
 #include "mma.cuh"
 
 #include <ATen/Context.h>
+#include <ATen/ops/empty.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -261,15 +265,20 @@ struct SingleEntry {
 };
 
 // A batch of problems like g, entry i's operands and output i times these strides (in elements)
-// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y.
+// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y. With
+// k_total set, the entries are ranges of g.K of one product's K (launch_split), and the last one
+// takes what is left of k_total.
 struct BatchStrides {
   int64_t a, b, c;
+  int64_t k_total = 0;
 
   template <class G>
   __host__ __device__ __forceinline__ G at(G g, int64_t i) const {
     g.a.data += i * a;
     g.b.data += i * b;
     g.c += i * c;
+    const int64_t k_left = k_total - i * g.K;
+    if (k_total > 0 && k_left < g.K) g.K = static_cast<int>(k_left);
     return g;
   }
 };
@@ -610,24 +619,83 @@ bool vec16(const P& panel, int64_t batch_stride) {
   return panel.aligned(16) && batch_stride * sizeof(typename P::scalar) % 16 == 0;
 }
 
+// Launches tiling C's kernel for problem g (and, for a batch, the entries - 1 problems after it).
+template <class C, class G, class Epi, class Batch>
+void run_tiles(const G& g, const Epi& epi, const Batch& batch, unsigned entries) {
+  using L = Tiles<C, G>;
+  const DeviceInfo& device = device_properties(c10::cuda::current_device());
+  const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
+  TORCH_CHECK(L::kSmemBytes <= smem, "torch_mm_variants: tensor_core needs ", L::kSmemBytes,
+              " bytes of shared memory per block; ", device.name, " has ", smem);
+  auto* kernel = tensor_core_kernel<C, G, Epi, Batch>;
+  allow_dynamic_smem(kernel, L::kSmemBytes);
+  const dim3 grid(tile_grid<C::BM, C::BN>(g).x, entries);
+  kernel<<<grid, L::kThreads, L::kSmemBytes, c10::cuda::getCurrentCUDAStream()>>>(
+      g, vec16(g.a, batch.a), vec16(g.b, batch.b), epi, batch);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
+
+// K splits for float32 outputs of few tiles. At 128 rows against a 4096 x 4096 weight, 3xTF32's
+// 128 x 128 tiles number 32 on 132 SMs, and float32 with TF32 off ran at 0.31-0.39x of torch.mm
+// there (H100). Such a product splits K over up to kMaxSplits ranges of whole K tiles, each at
+// least kMinSplitK long, as many as give the SMs about a block each: a batch whose entry s is
+// range s, its float32 sums in slice s of a buffer, added in split order by a second pass
+// (k_splits.cuh). float32 only: its sums are stored as float32 anyway, so the split loses
+// nothing; on Hopper 16-bit outputs of few tiles run on rung 9, which splits K itself.
+constexpr int kMaxSplits = 16;
+constexpr int kMinSplitK = 512;
+
+// The K splits of g in tiling C on `sms` SMs: 1 (none) where its tiles fill half the SMs.
+template <class C, class G>
+int k_splits(const G& g, int sms) {
+  const int64_t tiles = static_cast<int64_t>(ceil_div(g.M, C::BM)) * ceil_div(g.N, C::BN);
+  if (2 * tiles > sms) return 1;
+  return static_cast<int>(std::clamp<int64_t>(std::min<int64_t>(sms / tiles, g.K / kMinSplitK),
+                                              1, kMaxSplits));
+}
+
+// Runs float32 problem g as `splits` ranges of K (see k_splits) in one batched launch, each slice
+// of the sums buffer starting 16-byte aligned, as the kernel's stores want. The pass that adds
+// the ranges applies epi.
+template <class C, class G, class Epi>
+void launch_split(const G& g, int splits, const Epi& epi) {
+  static_assert(std::is_same_v<typename G::scalar, float>, "the sums are stored as float32");
+  const int64_t bk = Tiles<C, G>::BK;
+  const int64_t per_split = static_cast<int64_t>(ceil_div(ceil_div(g.K, splits), bk)) * bk;
+  splits = static_cast<int>(ceil_div(g.K, per_split));
+  const int64_t slice = (static_cast<int64_t>(g.M) * g.N + 3) / 4 * 4;
+  const at::Tensor sums =
+      at::empty({splits * slice}, at::TensorOptions().dtype(at::kFloat).device(
+                                      at::kCUDA, c10::cuda::current_device()));
+  G first = g;
+  first.c = sums.data_ptr<float>();
+  first.ldc = g.N;
+  first.K = static_cast<int>(per_split);
+  // Entry s starts s * per_split into K: along the rows of a K-contiguous operand, down the
+  // columns of the other kind.
+  const BatchStrides ranges{decltype(G::a)::k_contiguous ? per_split : per_split * g.a.ld,
+                            decltype(G::b)::k_contiguous ? per_split : per_split * g.b.ld, slice,
+                            g.K};
+  run_tiles<C>(first, NoEpilogue{}, ranges, static_cast<unsigned>(splits));
+  sum_splits<float>(sums.data_ptr<float>(), slice, splits, g.c, g.M, g.N, g.ldc, epi);
+}
+
 // Launches problem g (and, for a batch, the entries - 1 problems after it): float32 with TF32
 // off in 3xTF32, otherwise with the tiling that fits the device's shared memory, DeepTiling first
-// where G prefers it.
+// where G prefers it. A single float32 product of few tiles splits K.
 template <class G, class Epi = NoEpilogue, class Batch = SingleEntry>
 void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned entries = 1) {
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
   const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
+  constexpr bool kMaySplit =
+      std::is_same_v<typename G::scalar, float> && std::is_same_v<Batch, SingleEntry>;
   const auto launch_tiled = [&](auto tiling) {
     using C = decltype(tiling);
-    using L = Tiles<C, G>;
-    TORCH_CHECK(L::kSmemBytes <= smem, "torch_mm_variants: tensor_core needs ", L::kSmemBytes,
-                " bytes of shared memory per block; ", device.name, " has ", smem);
-    auto* kernel = tensor_core_kernel<C, G, Epi, Batch>;
-    allow_dynamic_smem(kernel, L::kSmemBytes);
-    const dim3 grid(tile_grid<C::BM, C::BN>(g).x, entries);
-    kernel<<<grid, L::kThreads, L::kSmemBytes, c10::cuda::getCurrentCUDAStream()>>>(
-        g, vec16(g.a, batch.a), vec16(g.b, batch.b), epi, batch);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    if constexpr (kMaySplit) {
+      const int splits = k_splits<C>(g, device.multiProcessorCount);
+      if (splits > 1) return launch_split<C>(g, splits, epi);
+    }
+    run_tiles<C>(g, epi, batch, entries);
   };
   if constexpr (std::is_same_v<typename G::scalar, float>) {
     if (!at::globalContext().allowTF32CuBLAS()) return launch_tiled(Split3xTf32Tiling{});

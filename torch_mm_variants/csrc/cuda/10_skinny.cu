@@ -29,6 +29,7 @@
 // `auto` takes it there).
 #include "common.cuh"
 #include "hopper.cuh"
+#include "k_splits.cuh"
 #include "launch.cuh"
 #include "mma.cuh"
 #include "skinny.cuh"
@@ -351,29 +352,6 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   }
 }
 
-// out = the sum of the `splits` partial products, added in split order.
-template <typename T>
-__global__ void sum_splits_kernel(const float* partial, T* out, int64_t count, int splits) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    float sum = 0.0f;
-    for (int s = 0; s < splits; ++s) sum += partial[s * count + i];
-    out[i] = static_cast<T>(sum);
-  }
-}
-
-// Adds partial [splits, M, N] (float) into out [M, N] on the current stream: no atomics, so the
-// result is the same bits on every run.
-template <typename T>
-void sum_splits(const at::Tensor& partial, at::Tensor& out) {
-  const int64_t count = out.numel();
-  const int grid = static_cast<int>(std::min<int64_t>(ceil_div(count, 256), 4 * 1024));
-  sum_splits_kernel<T><<<grid, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      partial.data_ptr<float>(), static_cast<T*>(out.data_ptr()), count,
-      static_cast<int>(partial.size(0)));
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
 template <typename T, int TILES>
@@ -415,7 +393,7 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
         launch.run(skinny_kernel<T, TILES, decltype(w_vector)::value>, problem);
       },
       skinny::rows_aligned<T>(w.data_ptr(), ldw));
-  if (splits > 1) sum_splits<T>(partial, out);
+  if (splits > 1) sum_splits<T>(partial.data_ptr<float>(), M * N, splits, problem.out, M, N, N);
 }
 
 template <typename T>

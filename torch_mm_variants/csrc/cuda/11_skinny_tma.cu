@@ -1,5 +1,5 @@
-// Rung 11, skinny_tma: rung 10's decode product, out = x @ w.t() for M <= 64 tokens against an
-// nn.Linear weight w [N, K], with rung 9's Hopper machinery (sm_90a).
+// Rung 11, skinny_tma: rung 10's decode product, out = x @ w.t() for M <= 128 tokens (rung 10
+// takes 64) against an nn.Linear weight w [N, K], with rung 9's Hopper machinery (sm_90a).
 //
 // Rung 10 gives each block 16 weight rows, and each block reads all of x again from L2: at 32 or
 // 64 tokens that is two to four times the weight's own bytes, and its speed falls to 0.55-0.8x
@@ -16,16 +16,16 @@
 //   (which leaves it full of dirty lines) 16-bit decode ran 5-12% faster for it, back to back in
 //   a CUDA graph 0-4% (H100 and H200).
 // - wgmma multiplies them: w's 64 rows are the instruction's M, the tokens (M rounded up to
-//   8, 16, 32 or 64) its N, both operands K-major in 128-byte swizzled shared memory. At these
-//   sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream w
-//   once, up to 64 tokens.
+//   8, 16, 32, 64 or 128) its N, both operands K-major in 128-byte swizzled shared memory. At
+//   these sizes the tensor cores are nearly idle whatever M is, so the time is the time to stream
+//   w once, up to 64 tokens.
 // - x's boxes are exactly its M rows. The copy engine fills rows of a box past the tensor's end
 //   with zeros, but slowly: 40 tokens in boxes of 64 rows took 10% longer on 14336 x 4096 than
 //   in boxes that end inside the tensor (H200). The tile rows past M are then whatever the ring
 //   held; they only make output columns that are never stored (each token is its own column of
 //   wgmma's result).
-// - A block's x tile (tokens x k) is at most as large as its weight tile, so x adds at most as
-//   much L2 traffic as the weight.
+// - Up to 64 tokens a block's x tile (tokens x k) is at most as large as its weight tile, so x
+//   adds at most as much L2 traffic as the weight (at 128 tokens, twice as much).
 // - Blocks own 64 weight rows and a range of K. When N / 64 blocks cannot fill the GPU, K is
 //   split over the blocks of a thread-block cluster (up to 8). Each leaves its float partial tile
 //   in its shared memory; after a cluster barrier each block adds a share of the tile over all
@@ -59,13 +59,16 @@
 // rung 10's loads stream as fast with L2 cleared, and on an H100 3-5% faster in both timings, so
 // `auto` keeps rung 10 there, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
 // TMA needs 16-byte aligned rows: an x that is not gets copied (it is small); a K-contiguous w
-// that is not takes rung 10's kernel, and a row-major one is copied K-contiguous.
+// that is not takes rung 10's kernel up to 64 tokens (and past them is copied into aligned rows),
+// and a row-major one is copied K-contiguous.
 #include "common.cuh"
 #include "hopper.cuh"
 #include "launch.cuh"
 #include "mma.cuh"
 #include "skinny.cuh"
 #include "tensor_map.cuh"
+
+#include <ATen/Context.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -515,8 +518,21 @@ struct WeightMap {
   at::Tensor data;
 };
 
-// b's weight map, or none where w = b.t() is K-contiguous in place with rows TMA cannot address
-// (16-byte aligned). Other layouts are copied into a K-contiguous w first.
+// The map of a K-contiguous weight w [N, K] with 16-byte aligned rows.
+template <typename T>
+WeightMap k_major_map(const skinny::Rows& w) {
+  const int64_t N = w.data.size(0), K = w.data.size(1);
+  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
+  return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
+                           N == 1 ? row_pitch : w.ld, kRows),
+                   true, w.data};
+}
+
+// b's weight map, or none where w = b.t() is K-contiguous in place (or copied so, with rows K
+// elements apart) with rows TMA cannot address (16-byte aligned). Other layouts are copied into
+// a K-contiguous w first.
 template <typename T>
 std::optional<WeightMap> weight_map(const at::Tensor& b) {
   const int64_t K = b.size(0), N = b.size(1);
@@ -527,12 +543,7 @@ std::optional<WeightMap> weight_map(const at::Tensor& b) {
   }
   const skinny::Rows w = skinny::weight(b);
   if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) return std::nullopt;
-  // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
-  return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
-                           N == 1 ? row_pitch : w.ld, kRows),
-                   true, w.data};
+  return k_major_map<T>(w);
 }
 
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
@@ -540,10 +551,15 @@ std::optional<WeightMap> weight_map(const at::Tensor& b) {
 // others with one (64 tokens on a 4096 x 4096 weight: 3 splits of 64 row blocks, 192 blocks on
 // 132 SMs; alone, 2 splits put one block on each of 128 SMs, and the busiest SM streams a
 // quarter less).
+// 128 float32 tokens fit their three stages in the deep ring only (two slots of x, 16 KB each, per
+// 8 KB of weight): both rings are the deep one there.
+template <typename T, int TOKENS>
+constexpr int kSharedRingKb = std::is_same_v<T, float> && TOKENS > 64 ? kShape[2] : kShape[1];
+
 template <typename T, int TOKENS, bool kWKMajor>
 void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor& out, int64_t M,
                   int64_t N, int64_t K) {
-  using Shared = Ring<T, TOKENS, kShape[1]>;
+  using Shared = Ring<T, TOKENS, kSharedRingKb<T, TOKENS>>;
   using Alone = Ring<T, TOKENS, kShape[2]>;
   const int sms = device_info_for(out.device())->multiProcessorCount;
   const Plan shared = plan<T, Shared, kWKMajor>(N, K, sms);
@@ -574,8 +590,13 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const auto run = [&](auto dtype) {
     using T = decltype(dtype);
     skinny::check_extents(a, b);
-    const std::optional<WeightMap> w = weight_map<T>(b);
-    if (!w) return find_algorithm(a.device(), "skinny").run(a, b, out);
+    std::optional<WeightMap> w = weight_map<T>(b);
+    if (!w) {
+      // Rows TMA cannot address: rung 10 reads them in place, up to its 64 rows; past those,
+      // this rung copies them into aligned ones.
+      if (a.size(0) <= skinny::kMaxM) return find_algorithm(a.device(), "skinny").run(a, b, out);
+      w = k_major_map<T>(skinny::padded_copy<T>(b.t()));
+    }
     const skinny::Rows x = skinny::tokens<T>(a);
     const int64_t M = a.size(0), N = b.size(1);
     if (M <= 8) {
@@ -584,8 +605,10 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
       launch_skinny_tma<T, 16>(x, *w, out, N);
     } else if (M <= 32) {
       launch_skinny_tma<T, 32>(x, *w, out, N);
-    } else {
+    } else if (M <= 64) {
       launch_skinny_tma<T, 64>(x, *w, out, N);
+    } else {
+      launch_skinny_tma<T, 128>(x, *w, out, N);
     }
   };
   if (a.scalar_type() == at::kFloat) {
@@ -623,10 +646,20 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
 }
 
+// Past 64 tokens `auto` takes this rung for float32 with TF32 off only: rung 9 then passes
+// float32 to rung 8, whose 128-row tiles leave most SMs idle at these sizes (3xTF32 at
+// 0.31-0.39x of torch.mm at 128 tokens on 4096 x 4096 and 4096 x 14336, both weight layouts,
+// H100), while this rung still streams the weight once. 16-bit products and TF32 take rung 9
+// (bf16 at 1.01-1.19x of torch.mm at 128 tokens on the three Llama weights, H100).
+bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
+  if (a.size(0) <= skinny::kMaxM) return rung10_is_faster(a, b);
+  return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
+}
+
 MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kFloat, at::kHalf, at::kBFloat16},
-                      &skinny_tma, &sm90a, &skinny::few_rows, skinny::kFewRowsOnly,
+                      &skinny_tma, &sm90a, &skinny::tma_rows, skinny::kTmaRowsOnly,
                       /*auto_candidate=*/true, /*run_fused=*/nullptr, /*run_batched=*/nullptr,
-                      &rung10_is_faster});
+                      &lower_rung_is_faster});
 
 }  // namespace
 }  // namespace mm_variants::cuda

@@ -11,7 +11,7 @@
 
 namespace mm_variants::cuda::skinny {
 
-// Both rungs take at most this many rows of a: the tokens of LLM decode.
+// Rung 10 takes at most this many rows of a: the tokens of LLM decode.
 constexpr int kMaxM = 64;
 
 inline bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxM; }
@@ -19,6 +19,16 @@ inline bool few_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) 
 constexpr const char* kFewRowsOnly =
     "it is for few rows of a (LLM decode) and takes M <= 64; use another algorithm (or 'auto') "
     "for larger M";
+
+// Rung 11 takes up to kMaxTmaM rows: its tokens are wgmma's N, which reaches 256, and 128 of them
+// still leave a float32 block of 64 weight rows its registers (two sets of 64 sums a thread).
+constexpr int kMaxTmaM = 128;
+
+inline bool tma_rows(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxTmaM; }
+
+constexpr const char* kTmaRowsOnly =
+    "it is for few rows of a (LLM decode, small batches) and takes M <= 128; use another "
+    "algorithm (or 'auto') for larger M";
 
 // Whether `ld` and `ptr` allow 16-byte loads of T rows.
 template <typename T>
@@ -53,18 +63,24 @@ bool n_major_in_place(const at::Tensor& b) {
          rows_aligned<T>(b.data_ptr(), b.stride(0));
 }
 
+// A copy of the matrix t [rows, K] with K-contiguous rows padded to whole 16-byte vectors.
+template <typename T>
+Rows padded_copy(const at::Tensor& t) {
+  constexpr int kVec = 16 / sizeof(T);
+  const int64_t K = t.size(1), padded = (K + kVec - 1) / kVec * kVec;
+  at::Tensor copy = at::empty({t.size(0), padded}, t.options()).narrow(1, 0, K);
+  copy.copy_(t);
+  return {copy, padded};
+}
+
 // x = a with K-contiguous, 16-byte aligned rows; otherwise a copy with padded rows, which costs
 // little next to the weight.
 template <typename T>
 Rows tokens(const at::Tensor& a) {
-  constexpr int kVec = 16 / sizeof(T);
   const int64_t M = a.size(0), K = a.size(1);
   const int64_t ld = M == 1 ? 0 : a.stride(0);
   if ((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ld)) return {a, ld};
-  const int64_t padded = (K + kVec - 1) / kVec * kVec;
-  at::Tensor x = at::empty({M, padded}, a.options()).narrow(1, 0, K);
-  x.copy_(a);
-  return {x, padded};
+  return padded_copy<T>(a);
 }
 
 // Both rungs index N and K with int.
