@@ -523,10 +523,8 @@ template <typename T>
 WeightMap k_major_map(const skinny::Rows& w) {
   const int64_t N = w.data.size(0), K = w.data.size(1);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
   return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
-                           N == 1 ? row_pitch : w.ld, kRows),
+                           N == 1 ? skinny::padded_pitch<T>(K) : w.ld, kRows),
                    true, w.data};
 }
 
@@ -572,13 +570,12 @@ void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor
 }
 
 template <typename T, int TOKENS>
-void launch_skinny_tma(const skinny::Rows& x, const WeightMap& w, at::Tensor& out, int64_t N) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t M = x.data.size(0), K = x.data.size(1);
+void launch_skinny_tma(const skinny::Rows& x, const WeightMap& w, at::Tensor& out) {
+  const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
   // x's boxes are its M rows, not the tile's TOKENS (see the file's header).
-  const int64_t row_pitch = (K + kVec - 1) / kVec * kVec;
   const CUtensorMap x_map = tile_map(static_cast<const T*>(x.data.data_ptr()), K, M,
-                                     M == 1 ? row_pitch : x.ld, static_cast<int>(M));
+                                     M == 1 ? skinny::padded_pitch<T>(K) : x.ld,
+                                     static_cast<int>(M));
   if (w.k_major) {
     launch_rings<T, TOKENS, true>(w.map, x_map, out, M, N, K);
   } else {
@@ -598,17 +595,17 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
       w = k_major_map<T>(skinny::padded_copy<T>(b.t()));
     }
     const skinny::Rows x = skinny::tokens<T>(a);
-    const int64_t M = a.size(0), N = b.size(1);
+    const int64_t M = a.size(0);
     if (M <= 8) {
-      launch_skinny_tma<T, 8>(x, *w, out, N);
+      launch_skinny_tma<T, 8>(x, *w, out);
     } else if (M <= 16) {
-      launch_skinny_tma<T, 16>(x, *w, out, N);
+      launch_skinny_tma<T, 16>(x, *w, out);
     } else if (M <= 32) {
-      launch_skinny_tma<T, 32>(x, *w, out, N);
+      launch_skinny_tma<T, 32>(x, *w, out);
     } else if (M <= 64) {
-      launch_skinny_tma<T, 64>(x, *w, out, N);
+      launch_skinny_tma<T, 64>(x, *w, out);
     } else {
-      launch_skinny_tma<T, 128>(x, *w, out, N);
+      launch_skinny_tma<T, 128>(x, *w, out);
     }
   };
   if (a.scalar_type() == at::kFloat) {

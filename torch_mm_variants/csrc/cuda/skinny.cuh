@@ -63,11 +63,17 @@ bool n_major_in_place(const at::Tensor& b) {
          rows_aligned<T>(b.data_ptr(), b.stride(0));
 }
 
+// K elements of T rounded up to whole 16-byte vectors: the pitch of a padded row.
+template <typename T>
+constexpr int64_t padded_pitch(int64_t K) {
+  constexpr int64_t kVec = 16 / sizeof(T);
+  return (K + kVec - 1) / kVec * kVec;
+}
+
 // A copy of the matrix t [rows, K] with K-contiguous rows padded to whole 16-byte vectors.
 template <typename T>
 Rows padded_copy(const at::Tensor& t) {
-  constexpr int kVec = 16 / sizeof(T);
-  const int64_t K = t.size(1), padded = (K + kVec - 1) / kVec * kVec;
+  const int64_t K = t.size(1), padded = padded_pitch<T>(K);
   at::Tensor copy = at::empty({t.size(0), padded}, t.options()).narrow(1, 0, K);
   copy.copy_(t);
   return {copy, padded};
