@@ -258,10 +258,13 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
     one measured faster: in 16 bits on weights under 64 MiB, up to 8 tokens, and at 16 while its
     16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
-    weights of up to 4096 x 4096."""
+    weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
+    elements in 16 bits, 512 x 512 in float32)."""
     highest = [name for name in skinny_algorithms() if dtype in dtypes_of(name)][-1]
     if highest != "skinny_tma":
         return highest
+    if n * k <= (512 * 512 if dtype == torch.float32 else 256 * 256):
+        return "skinny"
     if dtype == torch.float32:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
@@ -275,7 +278,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
 @pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (8, 4096, 4096), (8, 14336, 4096),
                                      (1, 4096, 14336), (16, 4096, 4096), (16, 4096, 14336),
                                      (16, 14336, 4096), (32, 4096, 4096), (32, 14336, 4096),
-                                     (33, 4096, 4096), (64, 4096, 4096)])
+                                     (33, 4096, 4096), (64, 4096, 4096), (64, 64, 64),
+                                     (64, 256, 256), (48, 512, 512), (64, 1024, 1024),
+                                     (1, 64, 1024), (40, 1024, 64)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")
