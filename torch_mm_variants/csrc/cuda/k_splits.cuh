@@ -6,6 +6,8 @@
 
 #include "common.cuh"
 #include "epilogue.cuh"
+#include "hopper.cuh"
+#include "launch.cuh"
 
 #include <algorithm>
 #include <cstdint>
@@ -16,6 +18,11 @@ namespace mm_variants::cuda {
 template <typename T, class Epi>
 __global__ void sum_splits_kernel(const float* partial, int64_t slice, int splits, T* out,
                                   int64_t M, int64_t N, int64_t ldc, Epi epi) {
+  // Launched early (see sum_splits), the block waits here for the splits to be written.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  hopper::wait_for_previous_grid();
+  hopper::allow_next_grid();
+#endif
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < M * N;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     float sum = 0.0f;
@@ -25,14 +32,16 @@ __global__ void sum_splits_kernel(const float* partial, int64_t slice, int split
   }
 }
 
-// Launches sum_splits_kernel on the current stream.
+// Launches sum_splits_kernel on the current stream. On sm_90a it starts early (a programmatic
+// dependent launch): its blocks are set up while the splits are still computed, and the launch's
+// gap after them, which is as long as adding the sums of a small product, is hidden.
 template <typename T, class Epi = NoEpilogue>
 void sum_splits(const float* partial, int64_t slice, int splits, T* out, int64_t M, int64_t N,
                 int64_t ldc, const Epi& epi = {}) {
   const int grid = static_cast<int>(std::min<int64_t>((M * N + 255) / 256, 4 * 1024));
-  sum_splits_kernel<T, Epi><<<grid, 256, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      partial, slice, splits, out, M, N, ldc, epi);
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  KernelLaunch launch(dim3(grid), 256, 0);
+  launch.starting_early(sm90a(c10::Device(c10::kCUDA, c10::cuda::current_device())));
+  launch.run(sum_splits_kernel<T, Epi>, partial, slice, splits, out, M, N, ldc, epi);
 }
 
 }  // namespace mm_variants::cuda
