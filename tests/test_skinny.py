@@ -320,10 +320,13 @@ def test_tma_ring_sizes(dtype):
 def test_chain_of_dependent_calls(algorithm, dtype, m):
     """Launches that start while the kernel before them finishes (programmatic dependent launch:
     skinny_tma's split launches, skinny's 16-bit ones from 9 tokens on sm_90a) wait for it before
-    reading x. Here each call reads the previous call's output, eagerly and replayed from a CUDA
-    graph, and every step matches the float64 product of its own input."""
+    reading x; so does the pass that adds K splits, started early on sm_90a. Here each call reads
+    the previous call's output, eagerly and replayed from a CUDA graph, and every step matches the
+    float64 product of its own input. The weights of 1024 rows leave few blocks, so their K is
+    split and the next call reads what the adding pass wrote."""
     torch.manual_seed(0)
-    weights = [random_matrix(4096, 4096, dtype, "cuda") * 0.02 for _ in range(4)]
+    shapes = [(4096, 4096), (1024, 4096), (4096, 1024), (1024, 4096), (4096, 1024)]
+    weights = [random_matrix(n, k, dtype, "cuda") * 0.02 for n, k in shapes]
     x0 = random_matrix(m, 4096, dtype, "cuda")
 
     def chain():
