@@ -320,10 +320,14 @@ def test_tma_ring_sizes(dtype):
 def test_chain_of_dependent_calls(algorithm, dtype, m):
     """Launches that start while the kernel before them finishes (programmatic dependent launch:
     skinny_tma's split launches, skinny's 16-bit ones from 9 tokens on sm_90a) wait for it before
-    reading x. Here each call reads the previous call's output, eagerly and replayed from a CUDA
-    graph, and every step matches the float64 product of its own input."""
+    reading x; so does skinny's pass that adds K splits, started early on sm_90a. Here each call
+    reads the previous call's output, eagerly and replayed from a CUDA graph, and every step
+    matches the float64 product of its own input. The weights of 1024 rows leave few blocks, so
+    their K is split (skinny_tma adds its splits inside the cluster; skinny in that pass, whose
+    output the next call reads)."""
     torch.manual_seed(0)
-    weights = [random_matrix(4096, 4096, dtype, "cuda") * 0.02 for _ in range(4)]
+    shapes = [(4096, 4096), (1024, 4096), (4096, 1024), (1024, 4096), (4096, 1024)]
+    weights = [random_matrix(n, k, dtype, "cuda") * 0.02 for n, k in shapes]
     x0 = random_matrix(m, 4096, dtype, "cuda")
 
     def chain():
@@ -338,6 +342,9 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
             assert ((y.double() - reference).norm() / reference.norm()).item() < 1e-2
 
     check(chain())  # also the warm-up outside the capture
+    if algorithm == "skinny":
+        names = [e["name"] for e in launched_kernels(chain)]
+        assert sum("sum_splits_kernel" in name for name in names) == 2, names
     graph, outs = capture_graph(chain)
     x0.copy_(random_matrix(m, 4096, dtype, "cuda"))
     graph.replay()

@@ -361,12 +361,16 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
   const int blocks = static_cast<int>(ceil_div(N, kRows));
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
-  // About two blocks per SM, while every warp keeps at least one step of each block's range.
+  // Up to two blocks per SM, while every warp keeps at least one step of each block's range.
+  // Rounded down: a third block on some SMs would run as a second wave, and those SMs would
+  // stream more of the weight than with fewer, longer splits (float32 at one token, whose blocks
+  // fit two per SM, on 1024 x 4096: 5 splits put 3 blocks of 832 k on some SMs, 4 splits at most
+  // 2 of 1024).
   int splits = 1;
   if (blocks < device.multiProcessorCount) {
     const int64_t steps_per_warp = K / (static_cast<int64_t>(kStep) * kWarps);
     splits = static_cast<int>(std::min<int64_t>(
-        {ceil_div(2 * device.multiProcessorCount, blocks), steps_per_warp, kMaxSplits}));
+        {2 * device.multiProcessorCount / blocks, steps_per_warp, kMaxSplits}));
     splits = std::max(splits, 1);
   }
   const int64_t k_per_block = ceil_div(ceil_div(K, splits), kStep) * static_cast<int64_t>(kStep);
