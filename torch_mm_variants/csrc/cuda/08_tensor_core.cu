@@ -383,8 +383,8 @@ __device__ __forceinline__ void copy_tile_elementwise(E* dst, const E* src, int6
   }
 }
 
-// Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded; Batch (SingleEntry or
-// BatchStrides) picks the block's problem.
+// Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded; Batch (SingleEntry,
+// BatchStrides or KRanges) picks the block's problem.
 template <class C, typename G, class Epi, class Batch>
 __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
     tensor_core_kernel(G problem, bool a_vec16, bool b_vec16, Epi epi, Batch batch) {
