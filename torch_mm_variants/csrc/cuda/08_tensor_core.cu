@@ -21,8 +21,9 @@
 // - Epilogue: each warp stages 16 rows of its tile in shared memory and writes them with 16-byte
 //   stores in the input dtype. Thread blocks walk C in groups of kGroupM tile rows so that blocks
 //   resident at the same time share their A and B panels in L2.
-// - float32 outputs of too few tiles to fill half the SMs (a hundred rows against a large
-//   weight) split K over the blocks and add the splits' sums in a second pass (k_splits).
+// - Outputs of too few tiles to fill half the SMs (a hundred rows against a large weight) split
+//   K over the blocks, each range's sums stored in float32, and add them in a second pass
+//   (k_splits).
 // - mm_variants::linear's bias and activation are applied to the float32 sums as they are
 //   staged (epilogue.cuh), for the nn.Linear layout x @ w.t(); a bmm batch runs in one launch,
 //   batch entries along gridDim.y. Both are template arguments: the plain matmul's code is
@@ -234,13 +235,14 @@ struct Tiles {
   static constexpr int kBOuter = kBK ? C::BN : BK, kBInner = kBK ? BK : C::BN;
   static constexpr int kAStage = kAOuter * kAInner, kBStage = kBOuter * kBInner;
 
-  // Epilogue: each warp stages 16 rows of its tile; the pitch spreads the pair stores of a warp
-  // over all banks (4 words mod 32 for 16-bit pairs, 8 words mod 32 for float pairs).
+  // Epilogue: each warp stages 16 rows of its tile, in float32 for the sums of a K range (KRanges)
+  // and in the dtype otherwise; the pitch spreads the pair stores of a warp over all banks (4 words
+  // mod 32 for 16-bit pairs, 8 words mod 32 for float pairs).
   static constexpr int kEpiPitch = C::WN + 8;
   static constexpr int kEpiWarp = 16 * kEpiPitch;
 
-  static constexpr int kSmemBytes = static_cast<int>(
-      std::max(C::kStages * (kAStage + kBStage), kWarps * kEpiWarp) * kElem);
+  static constexpr int kSmemBytes = static_cast<int>(std::max(
+      C::kStages * (kAStage + kBStage) * kElem, kWarps * kEpiWarp * int(sizeof(float))));
 
   static_assert(C::BM % C::WM == 0 && C::BN % C::WN == 0 && C::WM % 16 == 0 && C::WN % 16 == 0,
                 "warp tiles must tile the block and be made of 16 x 16 pieces");
@@ -251,12 +253,14 @@ struct Tiles {
   static_assert((kAOuter * kAInner / kChunk) % kThreads == 0 &&
                 (kBOuter * kBInner / kChunk) % kThreads == 0,
                 "every thread copies the same number of chunks");
-  static_assert((16 * C::WN / kChunk) % 32 == 0);
+  static_assert((16 * C::WN / kChunk) % 32 == 0 && (16 * C::WN / 4) % 32 == 0,
+                "every lane stores the same chunks of the staged rows");
 };
 
 // The problem of one launch: the plain matmul and linear's fused one.
 struct SingleEntry {
   static constexpr int64_t a = 0, b = 0;  // no other entries, so no strides between them
+  static constexpr bool kFloatSums = false;  // the output is stored in the inputs' dtype
 
   template <class G>
   __device__ __forceinline__ const G& at(const G& g, int64_t) const {
@@ -265,20 +269,35 @@ struct SingleEntry {
 };
 
 // A batch of problems like g, entry i's operands and output i times these strides (in elements)
-// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y. With
-// k_total set, the entries are ranges of g.K of one product's K (launch_split), and the last one
-// takes what is left of k_total.
+// after entry 0's; b is 0 for a b shared by every entry. The kernel runs entry blockIdx.y.
 struct BatchStrides {
   int64_t a, b, c;
-  int64_t k_total = 0;
+  static constexpr bool kFloatSums = false;
 
   template <class G>
   __host__ __device__ __forceinline__ G at(G g, int64_t i) const {
     g.a.data += i * a;
     g.b.data += i * b;
     g.c += i * c;
+    return g;
+  }
+};
+
+// The ranges of one product's K (launch_split) as a batch: entry i starts i times these strides
+// into a and b, covers g.K of K (the last one what is left of k_total), and stores its sums as
+// float32, whatever the inputs' dtype, in slice i of a buffer that g.c points at.
+struct KRanges {
+  int64_t a, b, slice;
+  int64_t k_total;
+  static constexpr bool kFloatSums = true;
+
+  template <class G>
+  __host__ __device__ __forceinline__ G at(G g, int64_t i) const {
+    g.a.data += i * a;
+    g.b.data += i * b;
+    g.c = reinterpret_cast<typename G::scalar*>(reinterpret_cast<float*>(g.c) + i * slice);
     const int64_t k_left = k_total - i * g.K;
-    if (k_total > 0 && k_left < g.K) g.K = static_cast<int>(k_left);
+    if (k_left < g.K) g.K = static_cast<int>(k_left);
     return g;
   }
 };
@@ -364,8 +383,8 @@ __device__ __forceinline__ void copy_tile_elementwise(E* dst, const E* src, int6
   }
 }
 
-// Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded; Batch (SingleEntry or
-// BatchStrides) picks the block's problem.
+// Epi (epilogue.cuh) maps each float32 sum of column n before it is rounded; Batch (SingleEntry,
+// BatchStrides or KRanges) picks the block's problem.
 template <class C, typename G, class Epi, class Batch>
 __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
     tensor_core_kernel(G problem, bool a_vec16, bool b_vec16, Epi epi, Batch batch) {
@@ -572,21 +591,25 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
 
   // Epilogue, 16 rows of the warp tile at a time: the accumulator pairs C[g][2t, 2t + 1] and
   // C[g + 8][2t, 2t + 1] of each 8-column tile go through epi to shared memory in the output
-  // dtype, then each lane writes 16-byte chunks of whole rows.
-  E* const staged = reinterpret_cast<E*>(smem_vec) + warp * L::kEpiWarp;
-  E* const out = reinterpret_cast<E*>(g.c);
-  constexpr int kRowChunks = C::WN / L::kChunk;
-  const bool out_vec16 = g.N % L::kChunk == 0;  // g.c itself is 16-byte aligned (with_gemm)
+  // dtype (float32 for the sums of a K range), then each lane writes 16-byte chunks of whole rows.
+  using O = std::conditional_t<Batch::kFloatSums, float, T>;
+  using OE = Bits<O>;
+  constexpr int kOutChunk = 16 / sizeof(O);
+  OE* const staged = reinterpret_cast<OE*>(smem_vec) + warp * L::kEpiWarp;
+  OE* const out = reinterpret_cast<OE*>(g.c);
+  constexpr int kRowChunks = C::WN / kOutChunk;
+  // g.c itself is 16-byte aligned (with_gemm; launch_split's slices).
+  const bool out_vec16 = g.N % kOutChunk == 0;
 #pragma unroll
   for (int mi = 0; mi < L::kMTiles; ++mi) {
 #pragma unroll
     for (int ni = 0; ni < L::kNTiles; ++ni) {
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        E* p = staged + (gq + 8 * h) * L::kEpiPitch + ni * 8 + 2 * tq;
+        OE* p = staged + (gq + 8 * h) * L::kEpiPitch + ni * 8 + 2 * tq;
         const int n = n0 + warp_n + ni * 8 + 2 * tq;
         const float x = epi(acc[mi][ni][2 * h], n), y = epi(acc[mi][ni][2 * h + 1], n + 1);
-        if constexpr (L::kElem == 2) {
+        if constexpr (sizeof(O) == 2) {
           *reinterpret_cast<uint32_t*>(p) = MmaOp<T>::pack(x, y);
         } else {
           *reinterpret_cast<float2*>(p) = make_float2(x, y);
@@ -596,15 +619,15 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
     __syncwarp();
 #pragma unroll
     for (int i = 0; i < 16 * kRowChunks / 32; ++i) {
-      const int c = lane + 32 * i, row = c / kRowChunks, col = c % kRowChunks * L::kChunk;
+      const int c = lane + 32 * i, row = c / kRowChunks, col = c % kRowChunks * kOutChunk;
       const int m = m0 + warp_m + mi * 16 + row, n = n0 + warp_n + col;
       if (m < g.M && n < g.N) {
-        const E* from = staged + row * L::kEpiPitch + col;
-        E* to = out + int64_t(m) * g.N + n;
-        if (out_vec16 && n + L::kChunk <= g.N) {
+        const OE* from = staged + row * L::kEpiPitch + col;
+        OE* to = out + int64_t(m) * g.N + n;
+        if (out_vec16 && n + kOutChunk <= g.N) {
           *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(from);
         } else {
-          for (int e = 0; e < L::kChunk && n + e < g.N; ++e) to[e] = from[e];
+          for (int e = 0; e < kOutChunk && n + e < g.N; ++e) to[e] = from[e];
         }
       }
     }
@@ -635,13 +658,14 @@ void run_tiles(const G& g, const Epi& epi, const Batch& batch, unsigned entries)
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
-// K splits for float32 outputs of few tiles. At 128 rows against a 4096 x 4096 weight, 3xTF32's
+// K splits for outputs of few tiles. At 128 rows against a 4096 x 4096 weight, 3xTF32's
 // 128 x 128 tiles number 32 on 132 SMs, and float32 with TF32 off ran at 0.31-0.39x of torch.mm
 // there (H100). Such a product splits K over up to kMaxSplits ranges of whole K tiles, each at
 // least kMinSplitK long, as many as give the SMs about a block each: a batch whose entry s is
 // range s, its float32 sums in slice s of a buffer, added in split order by a second pass
-// (k_splits.cuh). float32 only: its sums are stored as float32 anyway, so the split loses
-// nothing; on Hopper 16-bit outputs of few tiles run on rung 9, which splits K itself.
+// (k_splits.cuh). Every dtype: the ranges' sums are kept in float32, as the kernel accumulates
+// them, so 16-bit outputs are rounded once, as in one launch. (On Hopper `auto` runs 16-bit
+// products on rung 9, which splits K itself; this serves the GPUs without it.)
 constexpr int kMaxSplits = 16;
 constexpr int kMinSplitK = 512;
 
@@ -654,12 +678,12 @@ int k_splits(const G& g, int sms) {
                                               1, kMaxSplits));
 }
 
-// Runs float32 problem g as `splits` ranges of K (see k_splits) in one batched launch, each slice
-// of the sums buffer starting 16-byte aligned, as the kernel's stores want. The pass that adds
-// the ranges applies epi.
+// Runs problem g as `splits` ranges of K (see k_splits) in one batched launch, each slice of the
+// float32 sums buffer starting 16-byte aligned, as the kernel's stores want. The pass that adds
+// the ranges applies epi and rounds to the dtype.
 template <class C, class G, class Epi>
 void launch_split(const G& g, int splits, const Epi& epi) {
-  static_assert(std::is_same_v<typename G::scalar, float>, "the sums are stored as float32");
+  using T = typename G::scalar;
   const int64_t bk = Tiles<C, G>::BK;
   const int64_t per_split = static_cast<int64_t>(ceil_div(ceil_div(g.K, splits), bk)) * bk;
   splits = static_cast<int>(ceil_div(g.K, per_split));
@@ -668,27 +692,25 @@ void launch_split(const G& g, int splits, const Epi& epi) {
       at::empty({splits * slice}, at::TensorOptions().dtype(at::kFloat).device(
                                       at::kCUDA, c10::cuda::current_device()));
   G first = g;
-  first.c = sums.data_ptr<float>();
+  first.c = reinterpret_cast<T*>(sums.data_ptr<float>());
   first.ldc = g.N;
   first.K = static_cast<int>(per_split);
   // Entry s starts s * per_split into K: along the rows of a K-contiguous operand, down the
   // columns of the other kind.
-  const BatchStrides ranges{decltype(G::a)::k_contiguous ? per_split : per_split * g.a.ld,
-                            decltype(G::b)::k_contiguous ? per_split : per_split * g.b.ld, slice,
-                            g.K};
+  const KRanges ranges{decltype(G::a)::k_contiguous ? per_split : per_split * g.a.ld,
+                       decltype(G::b)::k_contiguous ? per_split : per_split * g.b.ld, slice, g.K};
   run_tiles<C>(first, NoEpilogue{}, ranges, static_cast<unsigned>(splits));
-  sum_splits<float>(sums.data_ptr<float>(), slice, splits, g.c, g.M, g.N, g.ldc, epi);
+  sum_splits<T>(sums.data_ptr<float>(), slice, splits, g.c, g.M, g.N, g.ldc, epi);
 }
 
 // Launches problem g (and, for a batch, the entries - 1 problems after it): float32 with TF32
 // off in 3xTF32, otherwise with the tiling that fits the device's shared memory, DeepTiling first
-// where G prefers it. A single float32 product of few tiles splits K.
+// where G prefers it. A single product of few tiles splits K.
 template <class G, class Epi = NoEpilogue, class Batch = SingleEntry>
 void launch(const G& g, const Epi& epi = {}, const Batch& batch = {}, unsigned entries = 1) {
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
   const int smem = static_cast<int>(device.sharedMemPerBlockOptin);
-  constexpr bool kMaySplit =
-      std::is_same_v<typename G::scalar, float> && std::is_same_v<Batch, SingleEntry>;
+  constexpr bool kMaySplit = std::is_same_v<Batch, SingleEntry>;
   const auto launch_tiled = [&](auto tiling) {
     using C = decltype(tiling);
     if constexpr (kMaySplit) {
