@@ -254,16 +254,41 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     assert_matches_reference(x, w, "auto")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_auto_passes_a_copied_row_major_weight_on(m, dtype):
+    """A weight stored row-major [K, N] that the skinny rungs would first copy K-contiguous (its
+    base one element into a 16-byte line, so TMA cannot read it in place either) goes, once it is
+    large enough that the copy takes longer than the product, to a rung that reads it as it is:
+    tensor_core, or, in 16 bits on sm_90a, wgmma, which runs rung 8 on views TMA cannot address.
+    Smaller ones stay on a skinny rung."""
+    torch.manual_seed(0)
+    expected = "wgmma" if sm90a_available() and dtype != torch.float32 else "tensor_core"
+    large = (1024, 4096) if dtype == torch.float32 else (1024, 2048)
+    for n, k in [(4096, 4096), large, (136, 1000), (1024, 1024)]:
+        x = random_matrix(m, k, dtype, "cuda")
+        w = row_major_weight(k, n, dtype, offset=1)
+        if n * k >= large[0] * large[1]:
+            assert mmv.auto_choice(x, w) == expected
+        else:
+            assert mmv.auto_choice(x, w).startswith("skinny")
+        assert_matches_reference(x, w, "auto")
+
+
 def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
     one measured faster: in 16 bits on weights under 64 MiB, up to 8 tokens, and at 16 while its
     16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
-    elements in 16 bits, 512 x 512 in float32)."""
+    elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
+    rows)."""
     highest = [name for name in skinny_algorithms() if dtype in dtypes_of(name)][-1]
     if highest != "skinny_tma":
         return highest
-    if n * k <= (512 * 512 if dtype == torch.float32 else 256 * 256):
+    if dtype == torch.float32:
+        if n * k <= 512 * 512 or (n <= 1024 and n * k <= 1024 * 4096):
+            return "skinny"
+    elif n * k <= 256 * 256:
         return "skinny"
     if dtype == torch.float32:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
@@ -280,7 +305,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (16, 14336, 4096), (32, 4096, 4096), (32, 14336, 4096),
                                      (33, 4096, 4096), (64, 4096, 4096), (64, 64, 64),
                                      (64, 256, 256), (48, 512, 512), (64, 1024, 1024),
-                                     (1, 64, 1024), (40, 1024, 64)])
+                                     (1, 64, 1024), (40, 1024, 64), (32, 1024, 4096),
+                                     (48, 2048, 2048)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

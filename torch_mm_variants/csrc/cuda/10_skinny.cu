@@ -431,7 +431,9 @@ void skinny(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 
 // mma.sync with bf16 and tf32 needs sm_80.
 MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &sm80_or_newer,
-                      &skinny::few_rows, skinny::kFewRowsOnly});
+                      &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
+                      /*run_fused=*/nullptr, /*run_batched=*/nullptr,
+                      &skinny::copying_weight_is_slower});
 
 }  // namespace
 }  // namespace mm_variants::cuda

@@ -635,17 +635,24 @@ constexpr int64_t kLargeWeight = int64_t(64) << 20;
 // past L2, H100), at 64 tokens it took 1.9 against 2.9 us on 64 x 64 and 2.4 against 3.5 on
 // 256 x 256 in bf16, and in float32 2.7 against 3.9 us on 64 x 64, 5.0 against 5.3 on 256 x 256
 // and 5.3 against 6.8 on 512 x 512; from 512 x 512 in bf16 (5.0 against 4.1 us) and 1024 x 1024
-// in float32 (10.6 against 9.1) this rung is the faster.
+// in float32 (10.6 against 9.1) this rung is the faster. Since rung 10 keeps its K splits to one
+// wave, float32 weights of up to 1024 rows and 1024 x 4096 elements go to it as well: at 24-64
+// tokens it took 5.8-8.1 against 7.4-9.1 us on 1024 x 1024 and 11.7-18.4 against 14.5-18.8 on
+// 1024 x 4096, where on 2048 x 2048 this rung stays ahead (11.4-14.6 against 12.2-18.6).
 bool small_weight(const at::Tensor& a, int64_t N, int64_t K) {
-  return N * K <= (a.scalar_type() == at::kFloat ? 512 * 512 : 256 * 256);
+  if (a.scalar_type() != at::kFloat) return N * K <= 256 * 256;
+  return N * K <= 512 * 512 || (N <= 1024 && N * K <= 1024 * 4096);
+}
+
+bool reads_weight_n_major(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kFloat ? skinny::n_major_in_place<float>(b)
+                                       : skinny::n_major_in_place<c10::Half>(b);
 }
 
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   // Rung 10 would copy a row-major weight K-contiguous first; this rung reads it in place.
-  const bool n_major = a.scalar_type() == at::kFloat ? skinny::n_major_in_place<float>(b)
-                                                     : skinny::n_major_in_place<c10::Half>(b);
-  if (n_major) return false;
+  if (reads_weight_n_major(a, b)) return false;
   if (small_weight(a, N, K)) return true;
   if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
@@ -659,6 +666,9 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 // H100), while this rung still streams the weight once. 16-bit products and TF32 take rung 9
 // (bf16 at 1.01-1.19x of torch.mm at 128 tokens on the three Llama weights, H100).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
+  // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous,
+  // as rung 10 does; both pass the larger ones on to the rungs that read it as it is.
+  if (skinny::copying_weight_is_slower(a, b) && !reads_weight_n_major(a, b)) return true;
   if (a.size(0) <= skinny::kMaxM) return rung10_is_faster(a, b);
   return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
 }
