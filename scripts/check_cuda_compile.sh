@@ -18,12 +18,16 @@ if [ ! -f "$TORCH_DIR/include/c10/cuda/impl/cuda_cmake_macros.h" ]; then
   printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$SHIM/c10/cuda/impl/cuda_cmake_macros.h"
 fi
 
-# nvcc's optimizer on every core for each file, as setup.py builds (same SASS, sooner).
+# nvcc's optimizer on every core for each file, as setup.py builds (same SASS, sooner). grep reads
+# all of the help: with -q it stops at the match, and nvcc's broken pipe fails the test (pipefail).
 SPLIT_COMPILE=""
-if "$NVCC" --help | grep -q -- "--split-compile "; then SPLIT_COMPILE="--split-compile=0"; fi
+if "$NVCC" --help | grep -- "--split-compile " >/dev/null; then
+  SPLIT_COMPILE="--split-compile=0"
+fi
 
 compile() {
-  "$NVCC" $SPLIT_COMPILE -std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC -DMM_VARIANTS_WITH_CUDA \
+  "$NVCC" $SPLIT_COMPILE -std=c++17 -O3 --expt-relaxed-constexpr -Xcompiler -fPIC \
+    -DMM_VARIANTS_WITH_CUDA \
     -Xcudafe --diag_suppress=3306 -Xcompiler -Wno-c++20-extensions \
     -DTORCH_EXTENSION_NAME=_C -DTORCH_API_INCLUDE_EXTENSION_H \
     -gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_80,code=compute_80 \
