@@ -10,6 +10,7 @@ import ctypes.util
 import glob
 import os
 import re
+import shlex
 import subprocess
 
 import torch
@@ -43,11 +44,13 @@ def builds_sm90a() -> bool:
 
 
 def nvcc_release() -> tuple[int, int]:
-    """The release of the nvcc that compiles the .cu files, e.g. (13, 0); (0, 0) if unknown."""
-    if CUDA_HOME is None:
+    """The release of the nvcc that compiles the .cu files (PYTORCH_NVCC where set, as torch's
+    build takes it, else CUDA_HOME's), e.g. (13, 0); (0, 0) if unknown."""
+    nvcc = os.environ.get("PYTORCH_NVCC") or (CUDA_HOME and os.path.join(CUDA_HOME, "bin", "nvcc"))
+    if not nvcc:
         return (0, 0)
     try:
-        version = subprocess.run([os.path.join(CUDA_HOME, "bin", "nvcc"), "--version"],
+        version = subprocess.run(shlex.split(nvcc) + ["--version"],
                                  capture_output=True, text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
         return (0, 0)
@@ -57,8 +60,9 @@ def nvcc_release() -> tuple[int, int]:
 
 def parallel_device_compile() -> list[str]:
     """nvcc's optimizer on every core for each file. 08_tensor_core.cu instantiates its kernel
-    some 150 times and finishes long after the other files; run on two threads, nvcc compiled it
-    in 122 s instead of 180 here, with the same SASS for every kernel (cuobjdump, sm_90a)."""
+    some 150 times and finishes long after the other files; on two threads (a two-core machine)
+    nvcc compiled it in 122 s instead of 180, with the same SASS for every kernel (cuobjdump,
+    sm_90a)."""
     return ["--split-compile=0"] if nvcc_release() >= (12, 0) else []
 
 

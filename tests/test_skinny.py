@@ -350,7 +350,7 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
     reads the previous call's output, eagerly and replayed from a CUDA graph, and every step
     matches the float64 product of its own input. The weights of 1024 rows leave few blocks, so
     their K is split (skinny_tma adds its splits inside the cluster; skinny in that pass, whose
-    output the next call reads)."""
+    output the next call reads), on GPUs with more SMs than skinny's 64 blocks of 16 rows."""
     torch.manual_seed(0)
     shapes = [(4096, 4096), (1024, 4096), (4096, 1024), (1024, 4096), (4096, 1024)]
     weights = [random_matrix(n, k, dtype, "cuda") * 0.02 for n, k in shapes]
@@ -369,8 +369,10 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
 
     check(chain())  # also the warm-up outside the capture
     if algorithm == "skinny":
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
         names = [e["name"] for e in launched_kernels(chain)]
-        assert sum("sum_splits_kernel" in name for name in names) == 2, names
+        splits_added = 2 if sms > 1024 // 16 else 0
+        assert sum("sum_splits_kernel" in name for name in names) == splits_added, names
     graph, outs = capture_graph(chain)
     x0.copy_(random_matrix(m, 4096, dtype, "cuda"))
     graph.replay()

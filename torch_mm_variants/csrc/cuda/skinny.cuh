@@ -68,12 +68,12 @@ bool n_major_in_place(const at::Tensor& b) {
 // is (split in K). Back to back in a CUDA graph (weights rotated past L2, H100, 1-64 tokens),
 // naming rung 10 ran decode on such weights at 0.08-0.12x of torch.mm in bf16 on 4096 x 4096,
 // 14336 x 4096 and 4096 x 14336, where rung 8 ran at 0.60-0.89x; rung 8's time has a floor (one
-// 128-row tile per k range: 16 us in bf16, 40 in float32), which the copy stays under on smaller
-// weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there bf16 12.4-15.7 against
-// 15.9-16.8 us, float32 15.5-19.0 against 39.9-40.9), rung 8 on 1024 x 4096 and 2048 x 2048
-// (bf16 16.5-17.5 against 37.7-45.5 us, float32 40.1-41.5 against 44.7-57.4). The 16-bit bound
-// lies between the sizes measured. `auto` passes these to rung 8 (rung 11 reads those TMA can
-// address in place).
+// 128-row tile per k range: 16 us in bf16, 40 in float32, from K = 512), which the copy stays under
+// on smaller weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there bf16 12.4-15.7
+// against 15.9-16.8 us, float32 15.5-19.0 against 39.9-40.9), rung 8 on 1024 x 4096 and 2048 x 2048
+// (bf16 16.5-17.5 against 37.7-45.5 us, float32 40.1-41.5 against 44.7-57.4). The 16-bit bound lies
+// between the sizes measured. `auto` passes these to rung 8 (rung 11 reads those TMA can address in
+// place).
 inline bool copying_weight_is_slower(const at::Tensor& a, const at::Tensor& b) {
   const int64_t K = b.size(0), N = b.size(1);
   const bool row_major = K > 1 && N > 1 && b.stride(1) == 1 && b.stride(0) != 1;
