@@ -18,16 +18,16 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # Paths that only larger shapes reach, kept off the SIMT rungs (racecheck follows each of their
 # shared-memory accesses, and a K of thousands there takes it many minutes): wgmma's K split over
 # a cluster for few tiles (136 x 264 x 4100: K >= 4096, rows aligned in every layout);
-# skinny_tma's one-block-per-SM ring (64 tokens against a 4096 x 4096 weight, on a GPU of 132
-# SMs) and, with b row-major, its weight read N-major (rows aligned there and in 20 x 136 x 1000,
-# whose last 64-row block is partly past N); wgmma's narrow tiles in six K splits (16 of them), past K = 8192 its wide tiles split 8
-# ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows, and a split
-# tail (66 columns of pairs, then the last, partial column in 8 splits); rows 16-byte aligned in
-# every layout. 128 x 192 tiles, unpaired over 3 rows (outside the nn.Linear layout, which
-# computes that one transposed) and in pairs sharing B over 6. In the nn.Linear layout,
-# transposed tiles of 160 tokens, stored by TMA and (N odd) not, and split K where wide tiles
-# would: tiles of 160 tokens in 3 splits (N odd, a K tail), of 80 in 6, of 96 in 4; tiles of 96
-# and of 80 tokens in one wave, unpaired (N odd, a K tail). 128 x 64 tiles split K in three (one
+# skinny_tma's one-block-per-SM ring (64 tokens against a 4096 x 4096 weight, on a GPU of 132 SMs)
+# and, with b row-major, its weight read N-major (rows aligned there and in 20 x 136 x 1000, whose
+# last 64-row block is partly past N); wgmma's narrow tiles in six K splits (16 of them), past K =
+# 8192 its wide tiles split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs
+# over 2 rows, and a split tail (66 columns of pairs, then the last, partial column in 8 splits);
+# rows 16-byte aligned in every layout. 128 x 192 tiles, unpaired over 3 rows (outside the nn.Linear
+# layout, which computes that one transposed) and in pairs sharing B over 6. In the nn.Linear
+# layout, transposed tiles of 160 tokens, stored by TMA and (N odd) not, and split K where wide
+# tiles would: tiles of 160 tokens in 3 splits (N odd, a K tail), of 80 in 6, of 96 in 4; tiles of
+# 96 and of 80 tokens in one wave, unpaired (N odd, a K tail). 128 x 64 tiles split K in three (one
 # row of 33 tiles, a K tail in the last split). Of the small shapes above, (136, 264, 72) runs in
 # 128 x 64 tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles
 # (17-24 tokens) and 8 (49-64).
