@@ -666,9 +666,9 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 // H100), while this rung still streams the weight once. 16-bit products and TF32 take rung 9
 // (bf16 at 1.01-1.19x of torch.mm at 128 tokens on the three Llama weights, H100).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
-  // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous,
-  // as rung 10 does; both pass the larger ones on to the rungs that read it as it is.
-  if (skinny::copying_weight_is_slower(a, b) && !reads_weight_n_major(a, b)) return true;
+  // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous;
+  // rung 10 reads 16-bit ones in place, and passes large float32 ones on to rung 8.
+  if (skinny::row_major(b) && !reads_weight_n_major(a, b)) return true;
   if (a.size(0) <= skinny::kMaxM) return rung10_is_faster(a, b);
   return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
 }
