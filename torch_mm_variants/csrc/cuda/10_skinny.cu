@@ -168,10 +168,10 @@ __device__ __forceinline__ uint32_t transposed(uint32_t x) {
   return d;
 }
 
-// A row-major weight's rows of the A operand come permuted (see skinny_kernel): A row r holds
-// weight column n0 + column_of_a_row(r).
-__host__ __device__ constexpr int column_of_a_row(int r) {
-  return 4 * ((r & 7) >> 1) + 2 * (r >> 3) + (r & 1);
+// A row-major weight's columns come to the A operand permuted (see skinny_kernel): weight column
+// n0 + c is A row a_row_of_column(c), where A row r holds column 4 (r % 8 / 2) + 2 (r / 8) + r % 2.
+__device__ __forceinline__ int a_row_of_column(int c) {
+  return 2 * (c >> 2) + 8 * ((c >> 1) & 1) + (c & 1);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
@@ -198,9 +198,9 @@ struct SkinnyProblem {
 // rows run along n: lane (g, t) loads 8 bytes, columns n0 + 4 t .. n0 + 4 t + 3 of a weight row
 // chosen by g, and `movmatrix` transposes each 8 x 8 matrix that a register of the warp's loads
 // forms, handing lane (g, t) two k of one column. The loads of a warp are whole 32-byte sectors
-// (8 rows of 16 columns). A rows then hold the block's 16 columns in the order column_of_a_row,
-// which the epilogue undoes; the rows a load takes are chosen so that a lane's k are those of
-// its x vector, as in the K-contiguous layout.
+// (8 rows of 16 columns). A rows then hold the block's 16 columns permuted, which the epilogue
+// undoes as it reads them back (a_row_of_column); the rows a load takes are chosen so that a
+// lane's k are those of its x vector, as in the K-contiguous layout.
 template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(SkinnyProblem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
@@ -415,18 +415,16 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
   for (int j = 0; j < TILES; ++j) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int row = g + 8 * (q / 2);  // of the A operand
-      sums[warp][8 * j + 2 * t + q % 2][N_MAJOR ? column_of_a_row(row) : row] = acc[j][q];
-    }
+    for (int q = 0; q < 4; ++q) sums[warp][8 * j + 2 * t + q % 2][g + 8 * (q / 2)] = acc[j][q];
   }
   __syncthreads();
   for (int e = threadIdx.x; e < TILES * 8 * kRows; e += kThreads) {
     const int m = e / kRows, n = n0 + e % kRows;
     if (m >= p.M || n >= p.N) continue;
+    const int row = N_MAJOR ? a_row_of_column(e % kRows) : e % kRows;  // of the A operand
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += sums[w][m][e % kRows];
+    for (int w = 0; w < kWarps; ++w) sum += sums[w][m][row];
     const int64_t at = static_cast<int64_t>(m) * p.N + n;
     if (p.partial != nullptr) {
       p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
