@@ -149,11 +149,9 @@ __device__ __forceinline__ uint2 load_streaming_8(const void* p) {
 }
 
 // Four consecutive elements of a row-major weight's row from p, of which `left` lie inside the
-// matrix: one 8-byte load when VECTOR (p is 8-byte aligned) and all four are inside, else element
-// by element with zeros past the end.
-template <bool VECTOR, typename E>
-__device__ __forceinline__ uint2 load_quad(const E* p, int left) {
-  if (VECTOR && left >= 4) return load_streaming_8(p);
+// matrix, element by element with zeros past the end (for quads that 8-byte loads cannot take).
+template <typename E>
+__device__ __forceinline__ uint2 load_quad_checked(const E* p, int left) {
   Vec<E, 4> v;
 #pragma unroll
   for (int e = 0; e < 4; ++e) v.v[e] = e < left ? p[e] : E(0);
@@ -293,8 +291,12 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const auto k = k0 + c * kChunk + 8 * (g / 2) + 2 * q + g % 2;
-          const int left = decltype(in_bounds)::value || k < k_end ? n_left : 0;
-          wq[c][q] = load_quad<decltype(vector)::value>(w_cols + k * p.ldw, left);
+          const bool row_inside = decltype(in_bounds)::value || k < k_end;
+          if constexpr (decltype(vector)::value) {  // all four columns inside, 8-byte aligned
+            wq[c][q] = row_inside ? load_streaming_8(w_cols + k * p.ldw) : make_uint2(0, 0);
+          } else {
+            wq[c][q] = load_quad_checked(w_cols + k * p.ldw, row_inside ? n_left : 0);
+          }
         }
       }
     };
