@@ -254,22 +254,45 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     assert_matches_reference(x, w, "auto")
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_reads_a_16bit_row_major_weight_in_place(dtype):
+    """x @ w with w stored row-major [K, N]: skinny reads 16-bit weights in place (fragments
+    transposed in registers), no copy of the weight launched, on sizes just off the 16-column
+    blocks, the 32-k chunks and the token tiles, split K or not; with w's rows padded, its base
+    8 bytes in (8-byte loads) or one element in (element by element), and an odd N."""
+    torch.manual_seed(0)
+    for m, n, k in [(1, 64, 64), (7, 72, 136), (16, 1000, 1000), (17, 4104, 72), (33, 136, 4104),
+                    (64, 2048, 2000), (5, 17000, 520), (8, 4096, 4096), (64, 4095, 4097),
+                    (2, 3, 63), (9, 129, 130)]:
+        x = random_matrix(m, k, dtype, "cuda")
+        for w in [row_major_weight(k, n, dtype), row_major_weight(k, n, dtype, 4, 4),
+                  row_major_weight(k, n, dtype, 1)]:
+            names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny"))
+                     if "FillFunctor" not in e["name"]]
+            products = [name for name in names if "skinny_kernel" in name]
+            assert len(products) == 1 and re.search(r"skinny_kernel<[^<>]+, true>", products[0])
+            if k % 8 == 0:  # x's rows 16-byte aligned: no copy of x either
+                assert all("skinny_kernel" in name or "sum_splits_kernel" in name
+                           for name in names), names
+            assert_matches_reference(x, w, "skinny")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m", [1, 16, 64])
-def test_auto_passes_a_copied_row_major_weight_on(m, dtype):
-    """A weight stored row-major [K, N] that the skinny rungs would first copy K-contiguous (its
-    base one element into a 16-byte line, so TMA cannot read it in place either) goes, once it is
-    large enough that the copy takes longer than the product, to a rung that reads it as it is:
-    tensor_core, or, in 16 bits on sm_90a, wgmma, which runs rung 8 on views TMA cannot address.
-    Smaller ones stay on a skinny rung."""
+def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
+    """A weight stored row-major [K, N] whose base lies one element into a 16-byte line, so that
+    TMA cannot read it in place: 16-bit ones go to skinny, which reads them as they are; float32
+    ones, which skinny would first copy K-contiguous, go, once the copy takes longer than the
+    product, to tensor_core (through wgmma's refusal on sm_90a), and stay on a skinny rung below
+    that size."""
     torch.manual_seed(0)
-    expected = "wgmma" if sm90a_available() and dtype != torch.float32 else "tensor_core"
-    large = (1024, 4096) if dtype == torch.float32 else (1024, 2048)
-    for n, k in [(4096, 4096), large, (136, 1000), (1024, 1024)]:
+    for n, k in [(4096, 4096), (1024, 4096), (136, 1000), (1024, 1024)]:
         x = random_matrix(m, k, dtype, "cuda")
         w = row_major_weight(k, n, dtype, offset=1)
-        if n * k >= large[0] * large[1]:
-            assert mmv.auto_choice(x, w) == expected
+        if dtype != torch.float32:
+            assert mmv.auto_choice(x, w) == "skinny"
+        elif n * k >= 1024 * 4096:
+            assert mmv.auto_choice(x, w) == "tensor_core"
         else:
             assert mmv.auto_choice(x, w).startswith("skinny")
         assert_matches_reference(x, w, "auto")

@@ -24,9 +24,10 @@
 // - A step's MMAs are ordered so that independent accumulator chains take turns; on sm_90a,
 //   16-bit launches from 9 tokens start while the kernel before them finishes.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
-// small); w with another alignment is read element by element; a b that is not w.t()-shaped
-// (K-contiguous) is copied into that layout first (rung 11 reads a row-major one in place, and
-// `auto` takes it there).
+// small); w with another alignment is read element by element; a 16-bit weight stored row-major
+// [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
+// see skinny_kernel); any other b that is not w.t()-shaped (K-contiguous), float32 row-major
+// included, is copied into that layout first.
 #include "common.cuh"
 #include "hopper.cuh"
 #include "k_splits.cuh"
@@ -138,13 +139,46 @@ __device__ __forceinline__ uint4 load_row(const E* p, int left) {
   return *reinterpret_cast<const uint4*>(&v);
 }
 
+// The 8-byte counterpart of load_streaming, for a row-major weight's quads (below).
+__device__ __forceinline__ uint2 load_streaming_8(const void* p) {
+  uint2 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v2.u32 {%0, %1}, [%2];\n"
+      : "=r"(v.x), "=r"(v.y)
+      : "l"(p));
+  return v;
+}
+
+// Four consecutive elements of a row-major weight's row from p, of which `left` lie inside the
+// matrix, element by element with zeros past the end (for quads that 8-byte loads cannot take).
+template <typename E>
+__device__ __forceinline__ uint2 load_quad_checked(const E* p, int left) {
+  Vec<E, 4> v;
+#pragma unroll
+  for (int e = 0; e < 4; ++e) v.v[e] = e < left ? p[e] : E(0);
+  return *reinterpret_cast<const uint2*>(&v);
+}
+
+// The 8 x 8 matrix of 16-bit elements whose row r lane 4 r + c holds (elements 2 c and 2 c + 1),
+// transposed: lane 4 r + c then holds elements 2 c and 2 c + 1 of its column r.
+__device__ __forceinline__ uint32_t transposed(uint32_t x) {
+  uint32_t d;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(d) : "r"(x));
+  return d;
+}
+
+// A row-major weight's columns come to the A operand permuted (see skinny_kernel): weight column
+// n0 + c is A row a_row_of_column(c), where A row r holds column 4 (r % 8 / 2) + 2 (r / 8) + r % 2.
+__device__ __forceinline__ int a_row_of_column(int c) {
+  return 2 * (c >> 2) + 8 * ((c >> 1) & 1) + (c & 1);
+}
+
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
 
 template <typename T>
 struct SkinnyProblem {
-  const T* w;  // w[n][k] at w[n * ldw + k]
+  const T* w;  // w[n][k] at w[n * ldw + k]; stored row-major (N_MAJOR), w[k][n] at w[k * ldw + n]
   int64_t ldw;
   const T* x;  // x[m][k] at x[m * ldx + k]; rows 16-byte aligned
   int64_t ldx;
@@ -155,9 +189,19 @@ struct SkinnyProblem {
 };
 
 // Block (blockIdx.x, blockIdx.y) computes out[:, 16 bx : 16 bx + 16] over its K range; TILES
-// groups of 8 tokens cover M. W_VECTOR: w's pointer and leading dimension are 16-byte aligned.
-template <typename T, int TILES, bool W_VECTOR>
+// groups of 8 tokens cover M. W_VECTOR: w's pointer and leading dimension are 16-byte aligned
+// (8-byte for N_MAJOR).
+// N_MAJOR (16 bits): w is stored row-major [K, N] (x @ w for a weight kept [in, out]) and read in
+// place. A fragment register holds two consecutive k of one weight column, where such a weight's
+// rows run along n: lane (g, t) loads 8 bytes, columns n0 + 4 t .. n0 + 4 t + 3 of a weight row
+// chosen by g, and `movmatrix` transposes each 8 x 8 matrix that a register of the warp's loads
+// forms, handing lane (g, t) two k of one column. The loads of a warp are whole 32-byte sectors
+// (8 rows of 16 columns). A rows then hold the block's 16 columns permuted, which the epilogue
+// undoes as it reads them back (a_row_of_column); the rows a load takes are chosen so that a
+// lane's k are those of its x vector, as in the K-contiguous layout.
+template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(SkinnyProblem<T> p) {
+  static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
   using E = Bits<T>;
   using Op = SkinnyMma<T>;
   using Shape = StepShape<T, TILES>;
@@ -183,6 +227,11 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
     const int n = min(n0 + g + 8 * h, p.N - 1);
     w_row[h] = reinterpret_cast<const E*>(p.w) + n * p.ldw + t * kVec;
   }
+  // N_MAJOR: this lane's four columns of every weight row, of which n_left lie inside (none past
+  // N: those read as zeros).
+  const E* w_cols = reinterpret_cast<const E*>(p.w) + min(n0 + 4 * t, p.N - 1);
+  const int n_left = p.N - (n0 + 4 * t);
+  const bool quads_whole = W_VECTOR && n_left >= 4;
   const E* x_row[TILES];
 #pragma unroll
   for (int j = 0; j < TILES; ++j) {
@@ -230,15 +279,44 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // K is near it.
   const auto step = [&](auto k0, auto whole) {
     float fresh[TILES][kSliceChains][4] = {};  // float32 only, see kFreshSums
-    uint4 wv[kChunks][2], xv[kChunks][TILES];
+    [[maybe_unused]] uint4 wv[kChunks][2];  // K-contiguous: rows g and g + 8
+    [[maybe_unused]] uint2 wq[kChunks][4];  // N_MAJOR: slice s's quads, words 2 s + h (h = 0, 1)
+    uint4 xv[kChunks][TILES];
+    // N_MAJOR: the weight row of quad (s, h): row g of the 8 x 8 matrices that movmatrix
+    // transposes is k 8 (g / 2) + 4 s + 2 h + g % 2 of the chunk, so that lane t receives k
+    // 8 t + 4 s + 2 h and the next, words 2 s + h of its x vector.
+    const auto load_quads = [&](auto in_bounds, auto vector) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const auto k = k0 + c * kChunk + 8 * (g / 2) + 2 * q + g % 2;
+          const bool row_inside = decltype(in_bounds)::value || k < k_end;
+          if constexpr (decltype(vector)::value) {  // all four columns inside, 8-byte aligned
+            wq[c][q] = row_inside ? load_streaming_8(w_cols + k * p.ldw) : make_uint2(0, 0);
+          } else {
+            wq[c][q] = load_quad_checked(w_cols + k * p.ldw, row_inside ? n_left : 0);
+          }
+        }
+      }
+    };
     const auto load = [&](auto in_bounds) {
+      if constexpr (N_MAJOR) {
+        if (quads_whole) {
+          load_quads(in_bounds, std::true_type{});
+        } else {
+          load_quads(in_bounds, std::false_type{});
+        }
+      }
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const auto k = k0 + c * kChunk;
         const int left =
             decltype(in_bounds)::value ? kVec : static_cast<int>(k_end - k - t * kVec);
+        if constexpr (!N_MAJOR) {
 #pragma unroll
-        for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
+          for (int h = 0; h < 2; ++h) wv[c][h] = load_row<W_VECTOR, true>(w_row[h] + k, left);
+        }
 #pragma unroll
         for (int j = 0; j < TILES; ++j) xv[c][j] = load_row<true, false>(x_row[j] + k, left);
       }
@@ -259,7 +337,12 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
         for (int q = 0; q < 4; ++q) {  // a0: row g, a1: row g + 8, a2 / a3: their next word
           uint32_t parts[kTerms];
-          Op::split(word(wv[c][q % 2], 2 * s + q / 2), parts);
+          if constexpr (N_MAJOR) {  // quad (s, q / 2): columns 4 t, 4 t + 1 (.x), 4 t + 2, + 3
+            const uint2& quad = wq[c][2 * s + q / 2];
+            parts[0] = transposed(q % 2 == 0 ? quad.x : quad.y);
+          } else {
+            Op::split(word(wv[c][q % 2], 2 * s + q / 2), parts);
+          }
 #pragma unroll
           for (int i = 0; i < kTerms; ++i) a[s][i][q] = parts[i];
         }
@@ -340,9 +423,10 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   for (int e = threadIdx.x; e < TILES * 8 * kRows; e += kThreads) {
     const int m = e / kRows, n = n0 + e % kRows;
     if (m >= p.M || n >= p.N) continue;
+    const int row = N_MAJOR ? a_row_of_column(e % kRows) : e % kRows;  // of the A operand
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += sums[w][m][e % kRows];
+    for (int w = 0; w < kWarps; ++w) sum += sums[w][m][row];
     const int64_t at = static_cast<int64_t>(m) * p.N + n;
     if (p.partial != nullptr) {
       p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
@@ -354,11 +438,11 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
-template <typename T, int TILES>
+template <typename T, int TILES, bool N_MAJOR>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                    at::Tensor& out) {
   constexpr int kStep = StepShape<T, TILES>::kStep;
-  const int64_t M = x.size(0), K = x.size(1), N = w.size(0);
+  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   const int blocks = static_cast<int>(ceil_div(N, kRows));
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
   // Up to two blocks per SM, while every warp keeps at least one step of each block's range.
@@ -392,36 +476,49 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // sm_90a code holds the wait (sm90a(); the sm_80 code runs elsewhere), so only it launches so.
   KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
   launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()));
+  const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw)
+                                : skinny::rows_aligned<T>(w.data_ptr(), ldw);
   dispatch_bools(
-      [&](auto w_vector) {
-        launch.run(skinny_kernel<T, TILES, decltype(w_vector)::value>, problem);
+      [&](auto w_vector_c) {
+        launch.run(skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR>, problem);
       },
-      skinny::rows_aligned<T>(w.data_ptr(), ldw));
+      w_vector);
   if (splits > 1) sum_splits<T>(partial.data_ptr<float>(), M * N, splits, problem.out, M, N, N);
 }
 
+// Token tiles past M cost their x loads (they read a valid row) and registers, so M picks the
+// fewest tiles that cover it: 3 instead of 4 tiles at 17-24 tokens ran up to 4% faster, 6 instead
+// of 8 at 40-48 tokens 7-18% (float32) and up to 5% (16-bit), on an H100.
+template <typename T, bool N_MAJOR>
+void launch_for_tokens(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
+                       at::Tensor& out) {
+  const int64_t M = x.size(0);
+  if (M <= 8) {
+    launch_skinny<T, 1, N_MAJOR>(x, ldx, w, ldw, out);
+  } else if (M <= 16) {
+    launch_skinny<T, 2, N_MAJOR>(x, ldx, w, ldw, out);
+  } else if (M <= 24) {
+    launch_skinny<T, 3, N_MAJOR>(x, ldx, w, ldw, out);
+  } else if (M <= 32) {
+    launch_skinny<T, 4, N_MAJOR>(x, ldx, w, ldw, out);
+  } else if (M <= 48) {
+    launch_skinny<T, 6, N_MAJOR>(x, ldx, w, ldw, out);
+  } else {
+    launch_skinny<T, 8, N_MAJOR>(x, ldx, w, ldw, out);
+  }
+}
+
+// A 16-bit weight stored row-major (b itself, [K, N]) is read in place; other layouts of b are
+// read as w = b.t(), K-contiguous, copied so where they are not.
 template <typename T>
 void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   skinny::check_extents(a, b);
-  const auto [w, ldw] = skinny::weight(b);
   const auto [x, ldx] = skinny::tokens<T>(a);
-  // Token tiles past M cost their x loads (they read a valid row) and registers, so M picks the
-  // fewest tiles that cover it: 3 instead of 4 tiles at 17-24 tokens ran up to 4% faster, 6
-  // instead of 8 at 40-48 tokens 7-18% (float32) and up to 5% (16-bit), on an H100.
-  const int64_t M = a.size(0);
-  if (M <= 8) {
-    launch_skinny<T, 1>(x, ldx, w, ldw, out);
-  } else if (M <= 16) {
-    launch_skinny<T, 2>(x, ldx, w, ldw, out);
-  } else if (M <= 24) {
-    launch_skinny<T, 3>(x, ldx, w, ldw, out);
-  } else if (M <= 32) {
-    launch_skinny<T, 4>(x, ldx, w, ldw, out);
-  } else if (M <= 48) {
-    launch_skinny<T, 6>(x, ldx, w, ldw, out);
-  } else {
-    launch_skinny<T, 8>(x, ldx, w, ldw, out);
+  if constexpr (sizeof(T) == 2) {
+    if (skinny::row_major(b)) return launch_for_tokens<T, true>(x, ldx, b, b.stride(0), out);
   }
+  const auto [w, ldw] = skinny::weight(b);
+  launch_for_tokens<T, false>(x, ldx, w, ldw, out);
 }
 
 void skinny(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {

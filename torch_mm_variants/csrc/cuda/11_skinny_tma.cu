@@ -651,7 +651,7 @@ bool reads_weight_n_major(const at::Tensor& a, const at::Tensor& b) {
 
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  // Rung 10 would copy a row-major weight K-contiguous first; this rung reads it in place.
+  // A row-major weight TMA can address this rung reads in place (rung 10 copies float32 ones).
   if (reads_weight_n_major(a, b)) return false;
   if (small_weight(a, N, K)) return true;
   if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
@@ -666,9 +666,14 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 // H100), while this rung still streams the weight once. 16-bit products and TF32 take rung 9
 // (bf16 at 1.01-1.19x of torch.mm at 128 tokens on the three Llama weights, H100).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
-  // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous,
-  // as rung 10 does; both pass the larger ones on to the rungs that read it as it is.
-  if (skinny::copying_weight_is_slower(a, b) && !reads_weight_n_major(a, b)) return true;
+  // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous:
+  // 16-bit ones go to rung 10, which reads them in place, and large float32 ones, which rung 10
+  // copies too, on to rung 8.
+  if (!reads_weight_n_major(a, b) &&
+      (skinny::copying_weight_is_slower(a, b) ||
+       (skinny::row_major(b) && a.scalar_type() != at::kFloat))) {
+    return true;
+  }
   if (a.size(0) <= skinny::kMaxM) return rung10_is_faster(a, b);
   return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
 }

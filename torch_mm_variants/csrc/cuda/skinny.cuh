@@ -30,10 +30,10 @@ constexpr const char* kTmaRowsOnly =
     "it is for few rows of a (LLM decode, small batches) and takes M <= 128; use another "
     "algorithm (or 'auto') for larger M";
 
-// Whether `ld` and `ptr` allow 16-byte loads of T rows.
-template <typename T>
+// Whether `ld` and `ptr` allow BYTES-wide loads of T rows.
+template <typename T, int BYTES = 16>
 bool rows_aligned(const void* ptr, int64_t ld) {
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && (ld * sizeof(T)) % 16 == 0;
+  return reinterpret_cast<uintptr_t>(ptr) % BYTES == 0 && (ld * sizeof(T)) % BYTES == 0;
 }
 
 // An operand as the rungs read it: row r, element k at data + r * ld + k. A single row has
@@ -63,21 +63,22 @@ bool n_major_in_place(const at::Tensor& b) {
          rows_aligned<T>(b.data_ptr(), b.stride(0));
 }
 
-// Whether b [K, N] is a weight stored row-major (N-contiguous) that `weight` would copy
-// K-contiguous, large enough that the copy takes longer than rung 8's product on the weight as it
-// is (split in K). Back to back in a CUDA graph (weights rotated past L2, H100, 1-64 tokens),
-// naming rung 10 ran decode on such weights at 0.08-0.12x of torch.mm in bf16 on 4096 x 4096,
-// 14336 x 4096 and 4096 x 14336, where rung 8 ran at 0.60-0.89x; rung 8's time has a floor (one
-// 128-row tile per k range: 16 us in bf16, 40 in float32, from K = 512), which the copy stays under
-// on smaller weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there bf16 12.4-15.7
-// against 15.9-16.8 us, float32 15.5-19.0 against 39.9-40.9), rung 8 on 1024 x 4096 and 2048 x 2048
-// (bf16 16.5-17.5 against 37.7-45.5 us, float32 40.1-41.5 against 44.7-57.4). The 16-bit bound lies
-// between the sizes measured. `auto` passes these to rung 8 (rung 11 reads those TMA can address in
-// place).
+// Whether b [K, N] is a weight stored row-major (N-contiguous, x @ w for a w kept [in, out]),
+// which `weight` would copy K-contiguous. Rung 10 reads 16-bit ones in place.
+inline bool row_major(const at::Tensor& b) {
+  return b.size(0) > 1 && b.size(1) > 1 && b.stride(1) == 1 && b.stride(0) != 1;
+}
+
+// Whether b [K, N] is a float32 weight stored row-major, which rung 10 copies K-contiguous, large
+// enough that the copy takes longer than rung 8's product on the weight as it is (split in K).
+// Back to back in a CUDA graph (weights rotated past L2, H100, 1-64 tokens), rung 8's time has a
+// floor (one 128-row tile per k range: 40 us in float32 from K = 512), which the copy stays under
+// on smaller weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there 15.5-19.0
+// against 39.9-40.9 us), rung 8 on 1024 x 4096 and 2048 x 2048 (40.1-41.5 against 44.7-57.4).
+// `auto` passes these to rung 8 (rung 11 reads those TMA can address in place).
 inline bool copying_weight_is_slower(const at::Tensor& a, const at::Tensor& b) {
   const int64_t K = b.size(0), N = b.size(1);
-  const bool row_major = K > 1 && N > 1 && b.stride(1) == 1 && b.stride(0) != 1;
-  return row_major && N * K >= (a.scalar_type() == at::kFloat ? 4096 * 1024 : 2048 * 1024);
+  return a.scalar_type() == at::kFloat && row_major(b) && N * K >= 4096 * 1024;
 }
 
 // K elements of T rounded up to whole 16-byte vectors: the pitch of a padded row.
