@@ -474,13 +474,20 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // with L2 cleared before each call, the same within 1.5%. In CUDA graphs the package gained up
   // to 3% (16-32 tokens). At 1-8 tokens it was 4-11% slower on two of the four weights. Only
   // sm_90a code holds the wait (sm90a(); the sm_80 code runs elsewhere), so only it launches so.
-  KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
-  launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()));
+  // Not where an SM holds three blocks (up to 85 registers a thread: the row-major path at 9-24
+  // tokens). There the next call's blocks take the free third slots while this one runs, then
+  // the slots its SMs free as they finish, so they end up three on some SMs and one on others,
+  // and the busiest SMs set the time: on an H100 in CUDA graphs, 16 tokens on 4096 x 14336 took
+  // 75.0 us against 48.5 at one token.
   const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw)
                                 : skinny::rows_aligned<T>(w.data_ptr(), ldw);
   dispatch_bools(
       [&](auto w_vector_c) {
-        launch.run(skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR>, problem);
+        const auto kernel = skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR>;
+        KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
+        launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&
+                              resident_blocks_per_sm(kernel, kThreads, 0) <= 2);
+        launch.run(kernel, problem);
       },
       w_vector);
   if (splits > 1) sum_splits<T>(partial.data_ptr<float>(), M * N, splits, problem.out, M, N, N);

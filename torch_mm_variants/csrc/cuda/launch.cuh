@@ -93,6 +93,21 @@ int resident_clusters(void (*kernel)(Params...), dim3 cluster, int threads, int 
   return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), query, shape);
 }
 
+// Blocks of `kernel` that one SM holds at once with `threads` threads and `smem_bytes` of dynamic
+// shared memory, asked once per kernel and device.
+template <typename... Params>
+int resident_blocks_per_sm(void (*kernel)(Params...), int threads, int smem_bytes) {
+  allow_dynamic_smem(kernel, smem_bytes);  // the query counts on the launch's shared memory
+  const auto query = [&] {
+    int blocks = 0;
+    C10_CUDA_CHECK(
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes));
+    return blocks;
+  };
+  // Negative: apart from resident_clusters' cluster shapes, which are positive.
+  return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), query, -threads);
+}
+
 // A K split over clusters of group x splits blocks, one cluster per `group` columns of the grid:
 // the most splits (at most max_splits, each at least min_steps of the k_steps K steps) for which
 // all `clusters` fit on the GPU at once, since a second wave would take as long as the first.
