@@ -537,7 +537,7 @@ void skinny(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &sm80_or_newer,
                       &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
                       /*run_fused=*/nullptr, /*run_batched=*/nullptr,
-                      &skinny::copying_weight_is_slower});
+                      &skinny::rung8_is_faster_on_row_major});
 
 }  // namespace
 }  // namespace mm_variants::cuda

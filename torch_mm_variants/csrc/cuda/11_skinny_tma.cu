@@ -670,7 +670,7 @@ bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // 16-bit ones go to rung 10, which reads them in place, and large float32 ones, which rung 10
   // copies too, on to rung 8.
   if (!reads_weight_n_major(a, b) &&
-      (skinny::copying_weight_is_slower(a, b) ||
+      (skinny::rung8_is_faster_on_row_major(a, b) ||
        (skinny::row_major(b) && a.scalar_type() != at::kFloat))) {
     return true;
   }

@@ -69,16 +69,25 @@ inline bool row_major(const at::Tensor& b) {
   return b.size(0) > 1 && b.size(1) > 1 && b.stride(1) == 1 && b.stride(0) != 1;
 }
 
-// Whether b [K, N] is a float32 weight stored row-major, which rung 10 copies K-contiguous, large
-// enough that the copy takes longer than rung 8's product on the weight as it is (split in K).
-// Back to back in a CUDA graph (weights rotated past L2, H100, 1-64 tokens), rung 8's time has a
-// floor (one 128-row tile per k range: 40 us in float32 from K = 512), which the copy stays under
-// on smaller weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there 15.5-19.0
-// against 39.9-40.9 us), rung 8 on 1024 x 4096 and 2048 x 2048 (40.1-41.5 against 44.7-57.4).
-// `auto` passes these to rung 8 (rung 11 reads those TMA can address in place).
-inline bool copying_weight_is_slower(const at::Tensor& a, const at::Tensor& b) {
-  const int64_t K = b.size(0), N = b.size(1);
-  return a.scalar_type() == at::kFloat && row_major(b) && N * K >= 4096 * 1024;
+// Whether b [K, N] is a weight stored row-major that rung 8 multiplies faster than rung 10 (on
+// sm_90a rung 11 first takes those TMA can address). Back to back in a CUDA graph (weights rotated
+// past L2, H100, naming the rungs):
+// - float32 ones, which rung 10 copies K-contiguous, from 1024 x 4096 elements. Rung 8's time has
+//   a floor (one 128-row tile per k range: 40 us in float32 from K = 512), which the copy stays
+//   under on smaller weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there
+//   15.5-19.0 against 39.9-40.9 us), rung 8 on 1024 x 4096 and 2048 x 2048 (40.1-41.5 against
+//   44.7-57.4).
+// - 16-bit ones, which rung 10 reads in place, from 9 tokens on weights of more than 4096 x 4096
+//   elements whose rows rung 8 loads as 16-byte vectors: at 16 tokens on 14336 x 4096 51.9
+//   against 57.5 us, at 64 tokens 58.2 against 83.9, and 54.3 against 77.8 on 4096 x 14336. Rung
+//   10 was ahead at 1-8 tokens on every weight (47.5-50.8 against 48.6-51.2 us on those two) and
+//   on 4096 x 4096 at every count (23.3 against 24.6 at 64). Rows that rung 8 would load element
+//   by element stay on rung 10 (N odd: rung 8 took 81-323 us, rung 10 7.8-110).
+inline bool rung8_is_faster_on_row_major(const at::Tensor& a, const at::Tensor& b) {
+  if (!row_major(b)) return false;
+  const int64_t M = a.size(0), K = b.size(0), N = b.size(1);
+  if (a.scalar_type() == at::kFloat) return N * K >= 4096 * 1024;
+  return M > 8 && N * K > 4096 * 4096 && rows_aligned<c10::Half>(b.data_ptr(), b.stride(0));
 }
 
 // K elements of T rounded up to whole 16-byte vectors: the pitch of a padded row.
