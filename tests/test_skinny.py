@@ -303,17 +303,17 @@ def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [8, 9, 64])
+@pytest.mark.parametrize("m", [9, 32, 33, 64])
 def test_auto_and_a_large_16bit_row_major_weight_rung11_does_not_take(m, dtype):
     """A 16-bit weight stored row-major [K, N] that skinny_tma does not take (no sm_90a; here,
     rows 16 bytes apart and aligned but overlapping, which it leaves alone), so skinny reads it in
-    place: from 9 tokens on weights of more than 4096 x 4096 elements `auto` passes it on to rung 8
+    place: from 33 tokens on weights of more than 4096 x 4096 elements `auto` passes it on to rung 8
     (tensor_core, or wgmma on sm_90a, which runs rung 8 on it), whose 16-byte loads read its rows
     as they are. Fewer tokens, 4096 x 4096, and rows rung 8 could only load element by element
     (the base one element in) stay on skinny."""
     torch.manual_seed(0)
     rung8 = "wgmma" if sm90a_available() else "tensor_core"
-    for k, n, offset, expected in [(4096, 4608, 0, rung8 if m > 8 else "skinny"),
+    for k, n, offset, expected in [(4096, 4608, 0, rung8 if m > 32 else "skinny"),
                                    (4096, 4096, 0, "skinny"), (4096, 4608, 1, "skinny")]:
         x = random_matrix(m, k, dtype, "cuda")
         pitch = n - 64  # a multiple of 8 elements, below n: the rows overlap
