@@ -257,20 +257,24 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_reads_a_16bit_row_major_weight_in_place(dtype):
     """x @ w with w stored row-major [K, N]: skinny reads 16-bit weights in place (fragments
-    transposed in registers), no copy of the weight launched, on sizes just off the 16-column
-    blocks, the 32-k chunks and the token tiles, split K or not; with w's rows padded, its base
-    8 bytes in (8-byte loads) or one element in (element by element), and an odd N."""
+    transposed in registers), no copy of the weight launched, on sizes just off the 16- and
+    32-column blocks, the 32-k chunks and the token tiles, split K or not; with w's rows padded to
+    16 bytes (blocks of 32 columns up to 32 tokens, also with an odd N), its base 8 bytes in
+    (8-byte loads) or one element in (element by element), and an odd N."""
     torch.manual_seed(0)
     for m, n, k in [(1, 64, 64), (7, 72, 136), (16, 1000, 1000), (17, 4104, 72), (33, 136, 4104),
                     (64, 2048, 2000), (5, 17000, 520), (8, 4096, 4096), (64, 4095, 4097),
-                    (2, 3, 63), (9, 129, 130)]:
+                    (2, 3, 63), (9, 129, 130), (32, 1001, 520), (24, 40, 8200)]:
         x = random_matrix(m, k, dtype, "cuda")
         for w in [row_major_weight(k, n, dtype), row_major_weight(k, n, dtype, 4, 4),
-                  row_major_weight(k, n, dtype, 1)]:
+                  row_major_weight(k, n, dtype, 1), row_major_weight(k, n, dtype, 0, -n % 8 + 8)]:
             names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny"))
                      if "FillFunctor" not in e["name"]]
             products = [name for name in names if "skinny_kernel" in name]
-            assert len(products) == 1 and re.search(r"skinny_kernel<[^<>]+, true>", products[0])
+            rows_16_bytes = w.data_ptr() % 16 == 0 and w.stride(0) % 8 == 0
+            columns = 2 if rows_16_bytes and m <= 32 else 1  # groups of 16 a block owns
+            assert len(products) == 1 and re.search(
+                rf"skinny_kernel<[^<>]+, true, {columns}>", products[0]), products
             if k % 8 == 0:  # x's rows 16-byte aligned: no copy of x either
                 assert all("skinny_kernel" in name or "sum_splits_kernel" in name
                            for name in names), names
@@ -299,17 +303,17 @@ def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [8, 9, 64])
+@pytest.mark.parametrize("m", [9, 32, 33, 64])
 def test_auto_and_a_large_16bit_row_major_weight_rung11_does_not_take(m, dtype):
     """A 16-bit weight stored row-major [K, N] that skinny_tma does not take (no sm_90a; here,
     rows 16 bytes apart and aligned but overlapping, which it leaves alone), so skinny reads it in
-    place: from 9 tokens on weights of more than 4096 x 4096 elements `auto` passes it on to rung 8
+    place: from 33 tokens on weights of more than 4096 x 4096 elements `auto` passes it on to rung 8
     (tensor_core, or wgmma on sm_90a, which runs rung 8 on it), whose 16-byte loads read its rows
     as they are. Fewer tokens, 4096 x 4096, and rows rung 8 could only load element by element
     (the base one element in) stay on skinny."""
     torch.manual_seed(0)
     rung8 = "wgmma" if sm90a_available() else "tensor_core"
-    for k, n, offset, expected in [(4096, 4608, 0, rung8 if m > 8 else "skinny"),
+    for k, n, offset, expected in [(4096, 4608, 0, rung8 if m > 32 else "skinny"),
                                    (4096, 4096, 0, "skinny"), (4096, 4608, 1, "skinny")]:
         x = random_matrix(m, k, dtype, "cuda")
         pitch = n - 64  # a multiple of 8 elements, below n: the rows overlap

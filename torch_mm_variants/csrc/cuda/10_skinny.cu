@@ -56,16 +56,21 @@ constexpr int kWarps = kShape[0], kVectors = kShape[1];
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16;  // output columns (rows of w) of a block
 constexpr int kMaxSplits = 16;
+// Token tiles up to which a row-major weight with 16-byte aligned rows is read in blocks of 32
+// columns (N_TILES = 2 in skinny_kernel). With 6 or 8 tiles the warps' sums would take over the
+// 48 KB of static shared memory (and 8 spilled registers), so those keep 16 columns.
+constexpr int kMaxWideTiles = 4;
 
-// The k extent of a step for dtype T and TILES groups of 8 tokens. A chunk is the k covered by
-// one 16-byte vector on each of the four lanes of a fragment row; per chunk a lane loads two
-// weight vectors (rows g and g + 8) and one x vector per token tile, so more tokens leave room
-// for fewer chunks.
-template <typename T, int TILES>
+// The k extent of a step for dtype T, TILES groups of 8 tokens and N_TILES groups of 16 output
+// columns. A chunk is the k covered by one 16-byte vector on each of the four lanes of a fragment
+// row; per chunk a lane loads two weight vectors per column group (rows g and g + 8, or their
+// bytes in a row-major weight) and one x vector per token tile, so more tokens leave room for
+// fewer chunks.
+template <typename T, int TILES, int N_TILES = 1>
 struct StepShape {
   static constexpr int kVec = 16 / sizeof(T);
   static constexpr int kChunk = 4 * kVec;
-  static constexpr int kChunks = std::max(1, kVectors / (2 + TILES));
+  static constexpr int kChunks = std::max(1, kVectors / (2 * N_TILES + TILES));
   static constexpr int kStep = kChunks * kChunk;
 };
 
@@ -148,15 +153,21 @@ __device__ __forceinline__ uint2 load_streaming_8(const void* p) {
   return v;
 }
 
-// Four consecutive elements of a row-major weight's row from p, of which `left` lie inside the
-// matrix, element by element with zeros past the end (for quads that 8-byte loads cannot take).
-template <typename E>
-__device__ __forceinline__ uint2 load_quad_checked(const E* p, int left) {
-  Vec<E, 4> v;
+// Consecutive elements of a row-major weight's row from p, as many as Q holds, of which `left`
+// lie inside the matrix: element by element with zeros past the end (for columns that a vector
+// load cannot take).
+template <typename Q, typename E>
+__device__ __forceinline__ Q load_columns_checked(const E* p, int left) {
+  constexpr int kElems = sizeof(Q) / sizeof(E);
+  Vec<E, kElems> v;
 #pragma unroll
-  for (int e = 0; e < 4; ++e) v.v[e] = e < left ? p[e] : E(0);
-  return *reinterpret_cast<const uint2*>(&v);
+  for (int e = 0; e < kElems; ++e) v.v[e] = e < left ? p[e] : E(0);
+  return *reinterpret_cast<const Q*>(&v);
 }
+
+// The 8- or 16-byte streaming load of a row-major weight's columns.
+__device__ __forceinline__ void load_columns(const void* p, uint2& q) { q = load_streaming_8(p); }
+__device__ __forceinline__ void load_columns(const void* p, uint4& q) { q = load_streaming(p); }
 
 // The 8 x 8 matrix of 16-bit elements whose row r lane 4 r + c holds (elements 2 c and 2 c + 1),
 // transposed: lane 4 r + c then holds elements 2 c and 2 c + 1 of its column r.
@@ -166,15 +177,20 @@ __device__ __forceinline__ uint32_t transposed(uint32_t x) {
   return d;
 }
 
-// A row-major weight's columns come to the A operand permuted (see skinny_kernel): weight column
-// n0 + c is A row a_row_of_column(c), where A row r holds column 4 (r % 8 / 2) + 2 (r / 8) + r % 2.
+// A row-major weight's columns come to the A operand permuted (see skinny_kernel), where a lane
+// loads COLUMNS consecutive ones (4 or 8): weight column n0 + c is A row a_row_of_column(c) of
+// column group (c % COLUMNS) / 4, where A row r holds column COLUMNS (r % 8 / 2) + 2 (r / 8) +
+// r % 2 (+ 4 in the second group).
+template <int COLUMNS>
 __device__ __forceinline__ int a_row_of_column(int c) {
-  return 2 * (c >> 2) + 8 * ((c >> 1) & 1) + (c & 1);
+  return 2 * (c / COLUMNS) + 8 * ((c >> 1) & 1) + (c & 1);
 }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
+
+__device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
 template <typename T>
 struct SkinnyProblem {
@@ -199,20 +215,29 @@ struct SkinnyProblem {
 // (8 rows of 16 columns). A rows then hold the block's 16 columns permuted, which the epilogue
 // undoes as it reads them back (a_row_of_column); the rows a load takes are chosen so that a
 // lane's k are those of its x vector, as in the K-contiguous layout.
-template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false>
+// N_TILES = 2 (N_MAJOR, rows 16-byte aligned): the block owns 32 columns and a lane loads 16
+// bytes, 8 columns, of each row; words 0-1 of its loads feed the first 16 columns' MMAs and words
+// 2-3 the second's. A warp's load then takes two sectors of each row where 16 columns took one,
+// in one L2 request (per 128-byte line) as before, and each x vector serves twice the columns.
+template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILES = 1>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(SkinnyProblem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
+  static_assert(N_TILES == 1 || N_MAJOR, "a K-contiguous block owns 16 columns");
   using E = Bits<T>;
   using Op = SkinnyMma<T>;
-  using Shape = StepShape<T, TILES>;
+  using Shape = StepShape<T, TILES, N_TILES>;
   constexpr int kVec = Shape::kVec, kChunk = Shape::kChunk, kChunks = Shape::kChunks;
   constexpr int kStep = Shape::kStep;
   constexpr int kTerms = Op::kTerms;
-  constexpr int kPitch = kRows + 4;  // conflict-free stores of the accumulators below
+  constexpr int kColumns = N_TILES * kRows;  // output columns of the block
+  constexpr int kPitch = kColumns + 4;       // conflict-free stores of the accumulators below
+  // N_MAJOR: a lane's loads of a weight row, 4 or 8 columns.
+  using Quad = std::conditional_t<N_TILES == 2, uint4, uint2>;
+  constexpr int kQuadColumns = sizeof(Quad) / sizeof(E);
 
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * kRows;
+  const int n0 = blockIdx.x * kColumns;
   const int k_begin = blockIdx.y * p.k_per_block;
   const int k_end =
       static_cast<int>(min(static_cast<int64_t>(p.K), int64_t(k_begin) + p.k_per_block));
@@ -227,11 +252,11 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
     const int n = min(n0 + g + 8 * h, p.N - 1);
     w_row[h] = reinterpret_cast<const E*>(p.w) + n * p.ldw + t * kVec;
   }
-  // N_MAJOR: this lane's four columns of every weight row, of which n_left lie inside (none past
-  // N: those read as zeros).
-  const E* w_cols = reinterpret_cast<const E*>(p.w) + min(n0 + 4 * t, p.N - 1);
-  const int n_left = p.N - (n0 + 4 * t);
-  const bool quads_whole = W_VECTOR && n_left >= 4;
+  // N_MAJOR: this lane's kQuadColumns columns of every weight row, of which n_left lie inside
+  // (none past N: those read as zeros).
+  const E* w_cols = reinterpret_cast<const E*>(p.w) + min(n0 + kQuadColumns * t, p.N - 1);
+  const int n_left = p.N - (n0 + kQuadColumns * t);
+  const bool quads_whole = W_VECTOR && n_left >= kQuadColumns;
   const E* x_row[TILES];
 #pragma unroll
   for (int j = 0; j < TILES; ++j) {
@@ -239,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
     x_row[j] = reinterpret_cast<const E*>(p.x) + m * p.ldx + t * kVec;
   }
 
-  float acc[TILES][4] = {};
+  float acc[N_TILES][TILES][4] = {};
   // float32: a tensor core adds into its accumulator without rounding to nearest, and that error
   // grows with the chain of MMAs into one register (a relative 1.3e-5 over K = 14336, above
   // float32's tolerance of 1e-5). So each step's MMAs start from zero in `fresh`, and the steps'
@@ -270,7 +295,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // keeps the loads together anyway, and whole steps load without the check, which there was up
   // to 8% faster. The exception is three 16-bit token tiles (6 MMAs per chunk): there ptxas moved
   // the third tile's x loads behind the `8 j >= M` test each tile then had, a second round trip.
-  constexpr int kMmasPerChunk = 2 * TILES * kTerms * (kTerms + 1) / 2;
+  constexpr int kMmasPerChunk = 2 * N_TILES * TILES * kTerms * (kTerms + 1) / 2;
   constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8 || TILES >= 3;
 
   // One step: k0 .. k0 + kStep; WHOLE when it is known to lie before k_end, else checked here.
@@ -280,7 +305,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   const auto step = [&](auto k0, auto whole) {
     float fresh[TILES][kSliceChains][4] = {};  // float32 only, see kFreshSums
     [[maybe_unused]] uint4 wv[kChunks][2];  // K-contiguous: rows g and g + 8
-    [[maybe_unused]] uint2 wq[kChunks][4];  // N_MAJOR: slice s's quads, words 2 s + h (h = 0, 1)
+    [[maybe_unused]] Quad wq[kChunks][4];  // N_MAJOR: slice s's quads, words 2 s + h (h = 0, 1)
     uint4 xv[kChunks][TILES];
     // N_MAJOR: the weight row of quad (s, h): row g of the 8 x 8 matrices that movmatrix
     // transposes is k 8 (g / 2) + 4 s + 2 h + g % 2 of the chunk, so that lane t receives k
@@ -292,10 +317,14 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
         for (int q = 0; q < 4; ++q) {
           const auto k = k0 + c * kChunk + 8 * (g / 2) + 2 * q + g % 2;
           const bool row_inside = decltype(in_bounds)::value || k < k_end;
-          if constexpr (decltype(vector)::value) {  // all four columns inside, 8-byte aligned
-            wq[c][q] = row_inside ? load_streaming_8(w_cols + k * p.ldw) : make_uint2(0, 0);
+          if constexpr (decltype(vector)::value) {  // all columns inside, aligned
+            if (row_inside) {
+              load_columns(w_cols + k * p.ldw, wq[c][q]);
+            } else {
+              wq[c][q] = Quad{};
+            }
           } else {
-            wq[c][q] = load_quad_checked(w_cols + k * p.ldw, row_inside ? n_left : 0);
+            wq[c][q] = load_columns_checked<Quad>(w_cols + k * p.ldw, row_inside ? n_left : 0);
           }
         }
       }
@@ -331,20 +360,22 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       // Two MMA k slices per chunk: slice s takes words 2s and 2s + 1 of each vector.
-      uint32_t a[2][kTerms][4];
+      uint32_t a[N_TILES][2][kTerms][4];
 #pragma unroll
-      for (int s = 0; s < 2; ++s) {
+      for (int nt = 0; nt < N_TILES; ++nt) {
 #pragma unroll
-        for (int q = 0; q < 4; ++q) {  // a0: row g, a1: row g + 8, a2 / a3: their next word
-          uint32_t parts[kTerms];
-          if constexpr (N_MAJOR) {  // quad (s, q / 2): columns 4 t, 4 t + 1 (.x), 4 t + 2, + 3
-            const uint2& quad = wq[c][2 * s + q / 2];
-            parts[0] = transposed(q % 2 == 0 ? quad.x : quad.y);
-          } else {
-            Op::split(word(wv[c][q % 2], 2 * s + q / 2), parts);
+        for (int s = 0; s < 2; ++s) {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {  // a0: row g, a1: row g + 8, a2 / a3: their next word
+            uint32_t parts[kTerms];
+            if constexpr (N_MAJOR) {  // quad (s, q / 2), word 2 nt + q % 2: two columns
+              parts[0] = transposed(word(wq[c][2 * s + q / 2], 2 * nt + q % 2));
+            } else {
+              Op::split(word(wv[c][q % 2], 2 * s + q / 2), parts);
+            }
+#pragma unroll
+            for (int i = 0; i < kTerms; ++i) a[nt][s][i][q] = parts[i];
           }
-#pragma unroll
-          for (int i = 0; i < kTerms; ++i) a[s][i][q] = parts[i];
         }
       }
 #pragma unroll
@@ -364,7 +395,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
           }
         }
         // Small terms first; the product of the two small parts is below float32 rounding.
-        // Innermost, the chains take turns: the group's tiles, and a lone tile's two slices.
+        // Innermost, the chains take turns: the group's tiles, a lone tile's two slices, and the
+        // column groups.
 #pragma unroll
         for (int so = 0; so < 2 / kSliceChains; ++so) {
 #pragma unroll
@@ -375,8 +407,11 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
               for (int jj = 0; jj < kGroup; ++jj) {
 #pragma unroll
                 for (int si = 0; si < kSliceChains; ++si) {
-                  float(&into)[4] = kFreshSums ? fresh[j0 + jj][si] : acc[j0 + jj];
-                  Op::run(into, a[so + si][ia], b[jj][so + si][ib]);
+#pragma unroll
+                  for (int nt = 0; nt < N_TILES; ++nt) {
+                    float(&into)[4] = kFreshSums ? fresh[j0 + jj][si] : acc[nt][j0 + jj];
+                    Op::run(into, a[nt][so + si][ia], b[jj][so + si][ib]);
+                  }
                 }
               }
             }
@@ -388,7 +423,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 #pragma unroll
             for (int si = 0; si < kSliceChains; ++si) {
 #pragma unroll
-              for (int q = 0; q < 4; ++q) acc[j0 + jj][q] += fresh[j0 + jj][si][q];
+              for (int q = 0; q < 4; ++q) acc[0][j0 + jj][q] += fresh[j0 + jj][si][q];
             }
           }
         }
@@ -415,15 +450,21 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   // values of some outputs in warp order and stores them, consecutive threads along n.
   __shared__ float sums[kWarps][TILES * 8][kPitch];
 #pragma unroll
-  for (int j = 0; j < TILES; ++j) {
+  for (int nt = 0; nt < N_TILES; ++nt) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) sums[warp][8 * j + 2 * t + q % 2][g + 8 * (q / 2)] = acc[j][q];
+    for (int j = 0; j < TILES; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        sums[warp][8 * j + 2 * t + q % 2][kRows * nt + g + 8 * (q / 2)] = acc[nt][j][q];
+      }
+    }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < TILES * 8 * kRows; e += kThreads) {
-    const int m = e / kRows, n = n0 + e % kRows;
+  for (int e = threadIdx.x; e < TILES * 8 * kColumns; e += kThreads) {
+    const int m = e / kColumns, c = e % kColumns, n = n0 + c;
     if (m >= p.M || n >= p.N) continue;
-    const int row = N_MAJOR ? a_row_of_column(e % kRows) : e % kRows;  // of the A operand
+    // The A operand's row, after those of the column groups before it.
+    const int row = N_MAJOR ? kRows * (c % kQuadColumns / 4) + a_row_of_column<kQuadColumns>(c) : c;
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += sums[w][m][row];
@@ -438,12 +479,18 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
-template <typename T, int TILES, bool N_MAJOR>
+template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                    at::Tensor& out) {
-  constexpr int kStep = StepShape<T, TILES>::kStep;
+  // A row-major weight whose rows take 16-byte loads: blocks of 32 columns (see skinny_kernel).
+  if constexpr (N_MAJOR && N_TILES == 1 && TILES <= kMaxWideTiles) {
+    if (skinny::rows_aligned<T>(w.data_ptr(), ldw)) {
+      return launch_skinny<T, TILES, true, 2>(x, ldx, w, ldw, out);
+    }
+  }
+  constexpr int kStep = StepShape<T, TILES, N_TILES>::kStep;
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
-  const int blocks = static_cast<int>(ceil_div(N, kRows));
+  const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES));
   const DeviceInfo& device = device_properties(c10::cuda::current_device());
   // Up to two blocks per SM, while every warp keeps at least one step of each block's range.
   // Rounded down: a third block on some SMs would run as a second wave, and those SMs would
@@ -479,17 +526,23 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // the slots its SMs free as they finish, so they end up three on some SMs and one on others,
   // and the busiest SMs set the time: on an H100 in CUDA graphs, 16 tokens on 4096 x 14336 took
   // 75.0 us against 48.5 at one token.
-  const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw)
-                                : skinny::rows_aligned<T>(w.data_ptr(), ldw);
-  dispatch_bools(
-      [&](auto w_vector_c) {
-        const auto kernel = skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR>;
-        KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
-        launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&
-                              resident_blocks_per_sm(kernel, kThreads, 0) <= 2);
-        launch.run(kernel, problem);
-      },
-      w_vector);
+  const auto run = [&](auto kernel) {
+    KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
+    launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&
+                          resident_blocks_per_sm(kernel, kThreads, 0) <= 2);
+    launch.run(kernel, problem);
+  };
+  if constexpr (N_TILES == 2) {  // rows 16-byte aligned (above)
+    run(skinny_kernel<T, TILES, true, true, 2>);
+  } else {
+    const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw)
+                                  : skinny::rows_aligned<T>(w.data_ptr(), ldw);
+    dispatch_bools(
+        [&](auto w_vector_c) {
+          run(skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR>);
+        },
+        w_vector);
+  }
   if (splits > 1) sum_splits<T>(partial.data_ptr<float>(), M * N, splits, problem.out, M, N, N);
 }
 

@@ -77,17 +77,17 @@ inline bool row_major(const at::Tensor& b) {
 //   under on smaller weights: rung 10 was the faster from 64 x 1024 up to 1024 x 1024 (there
 //   15.5-19.0 against 39.9-40.9 us), rung 8 on 1024 x 4096 and 2048 x 2048 (40.1-41.5 against
 //   44.7-57.4).
-// - 16-bit ones, which rung 10 reads in place, from 9 tokens on weights of more than 4096 x 4096
-//   elements whose rows rung 8 loads as 16-byte vectors: at 16 tokens on 14336 x 4096 51.9
-//   against 57.5 us, at 64 tokens 58.2 against 83.9, and 54.3 against 77.8 on 4096 x 14336. Rung
-//   10 was ahead at 1-8 tokens on every weight (47.5-50.8 against 48.6-51.2 us on those two) and
-//   on 4096 x 4096 at every count (23.3 against 24.6 at 64). Rows that rung 8 would load element
-//   by element stay on rung 10 (N odd: rung 8 took 81-323 us, rung 10 7.8-110).
+// - 16-bit ones, which rung 10 reads in place, from 33 tokens on weights of more than 4096 x 4096
+//   elements whose rows rung 8 loads as 16-byte vectors: at 64 tokens 58.7 against 84.2 us on
+//   14336 x 4096 and 54.1 against 77.6 on 4096 x 14336. Up to 32 tokens rung 10 reads such rows
+//   in blocks of 32 columns and was ahead on every weight (there 41.5-47.5 against 49.0-54.9
+//   us), and on 4096 x 4096 at 64 tokens too (23.6 against 24.7). Rows that rung 8 would load
+//   element by element stay on rung 10 (N odd: rung 8 took 81-323 us, rung 10 7.8-110).
 inline bool rung8_is_faster_on_row_major(const at::Tensor& a, const at::Tensor& b) {
   if (!row_major(b)) return false;
   const int64_t M = a.size(0), K = b.size(0), N = b.size(1);
   if (a.scalar_type() == at::kFloat) return N * K >= 4096 * 1024;
-  return M > 8 && N * K > 4096 * 4096 && rows_aligned<c10::Half>(b.data_ptr(), b.stride(0));
+  return M > 32 && N * K > 4096 * 4096 && rows_aligned<c10::Half>(b.data_ptr(), b.stride(0));
 }
 
 // K elements of T rounded up to whole 16-byte vectors: the pitch of a padded row.
