@@ -62,8 +62,8 @@ def parallel_device_compile() -> list[str]:
     """nvcc's optimizer on every core for each file. 08_tensor_core.cu instantiates its kernel
     some 150 times and finishes long after the other files; on two threads (a two-core machine)
     nvcc compiled it in 122 s instead of 180, with the same SASS for every kernel (cuobjdump,
-    sm_90a). On 16 cores (MAX_JOBS=16, sm_90a) it took 158 s instead of 401-480, and a fresh
-    build of the package 148-175 s."""
+    sm_90a). On 16 cores (MAX_JOBS=16, sm_90a) it took 158 s instead of 401-480, in a fresh
+    build of the package of 175 s; six more fresh builds there took 117-154 s."""
     return ["--split-compile=0"] if nvcc_release() >= (12, 0) else []
 
 

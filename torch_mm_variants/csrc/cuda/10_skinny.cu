@@ -10,11 +10,12 @@
 //   and B fragments straight from global memory as 16-byte vectors: the reduction order over k
 //   is free, so lane (g, t) takes 8 consecutive k of w rows g and g + 8 and of token g, and
 //   those words are exactly the fragment registers. No shared-memory staging, no ldmatrix.
-// - A block owns 16 output columns (16 rows of w); its kWarps warps split K in interleaved steps.
-//   In a step a lane issues all its loads, weight and x alike, before it uses any: one memory
-//   round trip per step, and each SM keeps tens of KB of weight in flight. The loads are
-//   branch-free: rows past N and tokens past M read a valid row instead, and only feed outputs
-//   that are never stored. w streams past L1 (no_allocate) with a 256-byte L2 prefetch; x, read
+// - A block owns 16 output columns (16 rows of w; 32 for some row-major weights, below); its
+//   kWarps warps split K in interleaved steps. In a step a lane issues all its loads, weight and
+//   x alike, before it uses any: one memory round trip per step, and each SM keeps tens of KB of
+//   weight in flight. The loads are branch-free: rows past N and tokens past M read a valid row
+//   instead, and only feed outputs that are never stored (a row-major weight's columns past N
+//   read as zeros). w streams past L1 (no_allocate) with a 256-byte L2 prefetch; x, read
 //   by every block, is cached. The warps' partial sums meet in shared memory and are added in a
 //   fixed order. When N is too small to give every SM a block, blocks also split K and a second
 //   pass adds their float partials in order: no atomics, bit-reproducible results.
@@ -26,7 +27,8 @@
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a 16-bit weight stored row-major
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
-// see skinny_kernel); any other b that is not w.t()-shaped (K-contiguous), float32 row-major
+// see skinny_kernel), in blocks of 32 columns up to 32 tokens where its rows are 16-byte aligned;
+// any other b that is not w.t()-shaped (K-contiguous), float32 row-major
 // included, is copied into that layout first.
 #include "common.cuh"
 #include "hopper.cuh"
@@ -204,21 +206,22 @@ struct SkinnyProblem {
   int k_per_block;
 };
 
-// Block (blockIdx.x, blockIdx.y) computes out[:, 16 bx : 16 bx + 16] over its K range; TILES
-// groups of 8 tokens cover M. W_VECTOR: w's pointer and leading dimension are 16-byte aligned
-// (8-byte for N_MAJOR).
+// Block (blockIdx.x, blockIdx.y) computes out[:, C bx : C bx + C] (C = 16 N_TILES columns) over
+// its K range; TILES groups of 8 tokens cover M. W_VECTOR: w's pointer and leading dimension are
+// 16-byte aligned (8-byte for N_MAJOR).
 // N_MAJOR (16 bits): w is stored row-major [K, N] (x @ w for a weight kept [in, out]) and read in
 // place. A fragment register holds two consecutive k of one weight column, where such a weight's
 // rows run along n: lane (g, t) loads 8 bytes, columns n0 + 4 t .. n0 + 4 t + 3 of a weight row
 // chosen by g, and `movmatrix` transposes each 8 x 8 matrix that a register of the warp's loads
-// forms, handing lane (g, t) two k of one column. The loads of a warp are whole 32-byte sectors
-// (8 rows of 16 columns). A rows then hold the block's 16 columns permuted, which the epilogue
-// undoes as it reads them back (a_row_of_column); the rows a load takes are chosen so that a
-// lane's k are those of its x vector, as in the K-contiguous layout.
+// forms, handing lane (g, t) two k of one column. The loads of a warp are whole 32-byte sectors (8
+// rows of 16 columns) where the rows are 32-byte aligned. A rows then hold the block's 16 columns
+// permuted, which the epilogue undoes as it reads them back (a_row_of_column); the rows a load
+// takes are chosen so that a lane's k are those of its x vector, as in the K-contiguous layout.
 // N_TILES = 2 (N_MAJOR, rows 16-byte aligned): the block owns 32 columns and a lane loads 16
-// bytes, 8 columns, of each row; words 0-1 of its loads feed the first 16 columns' MMAs and words
-// 2-3 the second's. A warp's load then takes two sectors of each row where 16 columns took one,
-// in one L2 request (per 128-byte line) as before, and each x vector serves twice the columns.
+// bytes, 8 columns, of each row; words 0-1 of its loads feed the MMAs of columns 8 i .. 8 i + 3,
+// words 2-3 those of 8 i + 4 .. 8 i + 7 (i = 0..3). A warp's load then takes two sectors of each
+// row (rows 32-byte aligned) where 16 columns took one, in one L2 request (per 128-byte line) as
+// before, and each x vector serves twice the columns.
 template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILES = 1>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(SkinnyProblem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
@@ -299,7 +302,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   constexpr bool kKeepLoadsTogether = kMmasPerChunk >= 8 || TILES >= 3;
 
   // One step: k0 .. k0 + kStep; WHOLE when it is known to lie before k_end, else checked here.
-  // Past k_end both operands read as zeros (load_row), so the products there vanish.
+  // Past k_end both operands read as zeros (load_row, load_quads), so the products there vanish.
   // k0 is an int for whole steps, 64-bit for checked ones, whose chunks may reach past 2^31 when
   // K is near it.
   const auto step = [&](auto k0, auto whole) {
@@ -521,11 +524,12 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // with L2 cleared before each call, the same within 1.5%. In CUDA graphs the package gained up
   // to 3% (16-32 tokens). At 1-8 tokens it was 4-11% slower on two of the four weights. Only
   // sm_90a code holds the wait (sm90a(); the sm_80 code runs elsewhere), so only it launches so.
-  // Not where an SM holds three blocks (up to 85 registers a thread: the row-major path at 9-24
-  // tokens). There the next call's blocks take the free third slots while this one runs, then
-  // the slots its SMs free as they finish, so they end up three on some SMs and one on others,
-  // and the busiest SMs set the time: on an H100 in CUDA graphs, 16 tokens on 4096 x 14336 took
-  // 75.0 us against 48.5 at one token.
+  // Not where an SM holds three blocks (at most 80 registers a thread, allocated in steps of 8: the
+  // row-major path in 16-column blocks at 9-24 tokens). There the next call's blocks take the free
+  // third slots while this one runs, then the slots its SMs free as they finish, so they end up
+  // three on some SMs and one on others, and the busiest SMs set the time: on an H100 in CUDA
+  // graphs, 16 tokens on 4096 x 14336 took 75.0 us against 48.5 at one token. The 32-column
+  // kernels (9-32 tokens) take 103-128 registers, two blocks an SM, and launch early.
   const auto run = [&](auto kernel) {
     KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
     launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&

@@ -94,7 +94,8 @@ int resident_clusters(void (*kernel)(Params...), dim3 cluster, int threads, int 
 }
 
 // Blocks of `kernel` that one SM holds at once with `threads` threads and `smem_bytes` of dynamic
-// shared memory, asked once per kernel and device.
+// shared memory, asked once per kernel, device and thread count (a caller passes one
+// shared-memory size per kernel).
 template <typename... Params>
 int resident_blocks_per_sm(void (*kernel)(Params...), int threads, int smem_bytes) {
   allow_dynamic_smem(kernel, smem_bytes);  // the query counts on the launch's shared memory
@@ -104,7 +105,7 @@ int resident_blocks_per_sm(void (*kernel)(Params...), int threads, int smem_byte
         cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads, smem_bytes));
     return blocks;
   };
-  // Negative: apart from resident_clusters' cluster shapes, which are positive.
+  // -threads: a variant no cluster shape of resident_clusters takes.
   return once_per_kernel_and_device(reinterpret_cast<const void*>(kernel), query, -threads);
 }
 
