@@ -53,6 +53,15 @@ def matmul_if_accepted(a: torch.Tensor, b: torch.Tensor, algorithm: str):
     return if_accepted(lambda: mmv.matmul(a, b, algorithm))
 
 
+def rows_taken(algorithm: str, m: int, k: int, n: int, dtype) -> int:
+    """m, or 8 where `algorithm` refuses m rows of a against a [k, n] b (a rung made for a few
+    tokens)."""
+    a = torch.empty(m, k, device="cuda", dtype=dtype)
+    accepted, _ = mmv._C.algorithm_accepts(algorithm, a, torch.empty(k, n, device="cuda",
+                                                                     dtype=dtype))
+    return m if accepted else 8
+
+
 def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance: float) -> None:
     ref = a.double() @ b.double()
     assert out.shape == ref.shape and out.dtype == a.dtype and out.device == a.device
@@ -73,7 +82,7 @@ def test_misaligned_storage_offset(algorithm, dtype):
     torch.manual_seed(0)
     tolerance = tolerance_for(dtype, "cuda")
     ran = 0
-    for m, n, k in [(45, 67, 33), (130, 129, 264)]:
+    for m, n, k in [(45, 67, 33), (130, 129, 264), (5, 67, 33)]:
         for offset in (1, 2, 3):
             for a_t, b_t in [(False, False), (False, True), (True, False), (True, True)]:
                 a = offset_matrix(m, k, dtype, offset, a_t)
@@ -93,7 +102,7 @@ def test_side_stream(algorithm):
     torch.manual_seed(0)
     dtype = a_dtype_of(algorithm)
     tolerance = tolerance_for(dtype, "cuda")
-    a = torch.randn(48, 200, device="cuda").to(dtype)
+    a = torch.randn(rows_taken(algorithm, 48, 200, 300, dtype), 200, device="cuda").to(dtype)
     b = torch.randn(200, 300, device="cuda").to(dtype)
     new_a = torch.randn_like(a)
 
@@ -167,7 +176,7 @@ def test_cuda_graph_capture_and_replay(algorithm, dtype):
     """Capture the op, change its inputs in place, replay: the output follows the new inputs."""
     torch.manual_seed(0)
     tolerance = tolerance_for(dtype, "cuda")
-    a = torch.randn(60, 67, device="cuda").to(dtype)
+    a = torch.randn(rows_taken(algorithm, 60, 67, 300, dtype), 67, device="cuda").to(dtype)
     b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
     # Warm-up outside the capture (module load, opt-ins).
     if on_side_stream(lambda: matmul_if_accepted(a, b, algorithm)) is None:
@@ -198,7 +207,7 @@ def test_inputs_on_another_device(algorithm, dtype):
     tolerance = tolerance_for(dtype, device)
     with torch.cuda.device(0):
         ran = 0
-        for m, n, k in [(48, 90, 150), (64, 256, 512), (256, 512, 256)]:
+        for m, n, k in [(48, 90, 150), (64, 256, 512), (256, 512, 256), (4, 90, 150)]:
             a = torch.randn(m, k, device=device).to(dtype)
             w = torch.randn(n, k, device=device).to(dtype)
             if matmul_if_accepted(a, w.t(), algorithm) is None:

@@ -75,7 +75,7 @@ def test_zero_and_overlapping_strides(device, algorithm, dtype):
     by an algorithm's `accepts` with its reason; never misread."""
     torch.manual_seed(0)
     checked = 0
-    for m, n, k in [(61, 33, 37), (48, 256, 64), (128, 256, 64)]:
+    for m, n, k in [(61, 33, 37), (48, 256, 64), (128, 256, 64), (5, 33, 37)]:
         for name, a, b in unusual_strides(m, n, k, dtype, device):
             try:
                 checked += assert_matches_reference(a, b, algorithm)

@@ -1,8 +1,8 @@
-"""The skinny rungs (LLM decode): `skinny` (mma.sync, sm_80+, M <= 64) and, on sm_90 builds,
-`skinny_tma` (TMA + wgmma, M <= 128). Correctness over sizes that cross their weight-row blocks,
-token tiles and k steps, the four layouts, misaligned views, the split-K pass, determinism, CUDA
-graphs, their refusal of more rows than they take, the SASS of the Hopper one and the `auto`
-choice."""
+"""The skinny rungs (LLM decode): `skinny` (mma.sync, sm_80+, M <= 64), on sm_90 builds
+`skinny_tma` (TMA + wgmma, M <= 128), and `skinny_gemv` (CUDA cores, sm_80+, M <= 8). Correctness
+over sizes that cross their weight-row blocks, token tiles and k steps, the four layouts,
+misaligned views, the split-K pass, determinism, CUDA graphs, their refusal of more rows than they
+take, the weight layouts read in place, the SASS of the Hopper one and the `auto` choice."""
 from __future__ import annotations
 
 import contextlib
@@ -43,20 +43,22 @@ ALGORITHM_DTYPES = algorithm_dtypes()
 
 
 def test_listed_where_they_run():
-    """skinny on every sm_80+ GPU, skinny_tma only where sm_90a code runs."""
-    expected = ["skinny"] + (["skinny_tma"] if sm90a_available() else [])
+    """skinny and skinny_gemv on every sm_80+ GPU, skinny_tma only where sm_90a code runs."""
+    expected = ["skinny"] + (["skinny_tma"] if sm90a_available() else []) + ["skinny_gemv"]
     assert skinny_algorithms() == expected
 
 
 def sizes() -> list[tuple[int, int, int]]:
     """(M, N, K) varying one dimension at a time, plus a few corners. Small N splits K over
     blocks; N >= 2112 (skinny) or 17000 (skinny_tma) gives every SM blocks without a split."""
-    # Each side of rung 10's token-tile counts and rung 11's token tiles (rung 10 refuses M > 64).
-    ms = [1, 2, 7, 16, 17, 24, 25, 33, 48, 49, 64, 65, 100, 128]
-    ns, ks = [1, 7, 129, 1000], [1, 7, 129, 1000, 4097]
-    return ([(m, 129, 1000) for m in ms] + [(16, n, 1000) for n in ns]
+    # Each side of rung 10's token-tile counts and rung 11's token tiles (rung 10 refuses M > 64),
+    # and of rung 12's token counts (1, 2, 4, 8; it refuses M > 8).
+    ms = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 24, 25, 33, 48, 49, 64, 65, 100, 128]
+    ns, ks = [1, 7, 33, 65, 129, 1000], [1, 3, 7, 129, 1000, 4097]
+    return ([(m, 129, 1000) for m in ms] + [(m, n, 1000) for m in (3, 16) for n in ns]
             + [(7, 129, k) for k in ks]
-            + [(1, 1, 1), (64, 1000, 4097), (3, 4103, 1000), (64, 2500, 129), (5, 17000, 1000)])
+            + [(1, 1, 1), (64, 1000, 4097), (3, 4103, 1000), (64, 2500, 129), (5, 17000, 1000),
+               (1, 300, 70001), (8, 33, 20000)])
 
 
 def weight_view(n, k, dtype, offset=0, pad=0):
@@ -99,13 +101,13 @@ def test_every_split_count(algorithm, dtype):
     torch.manual_seed(0)
     for splits in range(1, 9):
         k = 512 * splits - 1
-        a = random_matrix(33, k, dtype, "cuda")
+        a = random_matrix(rows_for(algorithm, 33), k, dtype, "cuda")
         assert_matches_reference(a, weight_view(65, k, dtype), algorithm)
 
 
 @pytest.mark.parametrize("algorithm", [name for name in skinny_algorithms()
                                        if torch.float32 in dtypes_of(name)])
-@pytest.mark.parametrize("m", [1, 17, 40, 64, 128])
+@pytest.mark.parametrize("m", [1, 8, 17, 40, 64, 128])
 def test_float32_keeps_float32_accuracy_over_long_k(algorithm, m):
     """float32 runs in 3xTF32 on the tensor cores, whose accumulators lose bits over long chains
     of MMAs: the product must stay within float32's tolerance at the K of large nn.Linear layers
@@ -120,6 +122,7 @@ def test_float32_keeps_float32_accuracy_over_long_k(algorithm, m):
 def test_deterministic(algorithm, dtype):
     torch.manual_seed(0)
     for m, n, k in [(16, 129, 4097), (7, 4103, 1000), (64, 300, 2000)]:  # split K, then not
+        m = rows_for(algorithm, m)
         a, b = random_matrix(m, k, dtype, "cuda"), weight_view(n, k, dtype)
         first = mmv.matmul(a, b, algorithm)
         assert torch.equal(first, mmv.matmul(a, b, algorithm))
@@ -144,7 +147,19 @@ def test_cuda_graph_capture(algorithm):
         assert torch.equal(out, mmv.matmul(a, b, algorithm)) and not torch.equal(out, before)
 
 
-MAX_ROWS = {"skinny": 64, "skinny_tma": 128}
+MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
+
+
+def gemv_takes(m: int, n: int, dtype: torch.dtype, row_major: bool = False) -> bool:
+    """Where `auto` takes skinny_gemv (a GPU that lists it): float32 up to 2 tokens, and up to 4
+    but on row-major weights of more than 4096 columns; 16 bits and more tokens stay on the rungs
+    below."""
+    return dtype == torch.float32 and (m <= 2 or (m <= 4 and not (row_major and n > 4096)))
+
+
+def rows_for(algorithm: str, m: int) -> int:
+    """m, or the most rows `algorithm` takes where that is fewer."""
+    return min(m, MAX_ROWS[algorithm])
 
 
 @pytest.mark.parametrize("algorithm", skinny_algorithms())
@@ -155,7 +170,7 @@ def test_more_rows_than_the_rung_takes_are_refused(algorithm):
     with pytest.raises(RuntimeError,
                        match=rf"algorithm '{algorithm}' cannot take these inputs: .*M <= {rows}"):
         mmv.matmul(a, b, algorithm)
-    assert not mmv.auto_choice(a, b).startswith("skinny")
+    assert MAX_ROWS.get(mmv.auto_choice(a, b), rows + 1) > rows  # never a rung that refuses
     assert mmv.matmul(a[:rows], b, algorithm).shape == (rows, 16)
 
 
@@ -241,15 +256,18 @@ def test_auto_past_64_tokens(m, dtype, tf32):
 
 @pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 8, 16, 64, 128])
+@pytest.mark.parametrize("m", [1, 4, 8, 16, 64, 128])
 def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     """Decode against a weight stored row-major [K, N] (x @ w): `auto` takes skinny_tma, which
     reads it in place, where rung 10 would first copy it K-contiguous, a copy that takes longer
-    than the product itself; past 64 tokens, for float32 with TF32 off only (wgmma otherwise)."""
+    than the product itself; past 64 tokens, for float32 with TF32 off only (wgmma otherwise).
+    float32 up to 4 tokens takes skinny_gemv, which reads it in place too."""
     torch.manual_seed(0)
     x = random_matrix(m, 4096, dtype, "cuda")
     w = random_matrix(4096, 4096, dtype, "cuda")
     expected = "skinny_tma" if m <= 64 or dtype == torch.float32 else "wgmma"
+    if gemv_takes(m, 4096, dtype, row_major=True):  # it reads these in place too
+        expected = "skinny_gemv"
     assert mmv.auto_choice(x, w) == expected
     assert_matches_reference(x, w, "auto")
 
@@ -282,6 +300,26 @@ def test_reads_a_16bit_row_major_weight_in_place(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_gemv_reads_both_weight_layouts_in_place(dtype):
+    """skinny_gemv reads an nn.Linear weight [N, K] (x @ w.t()) and a weight stored row-major
+    [K, N] (x @ w) as they are: one product kernel of the layout's kind (then the adding pass where
+    K is split over blocks), no copy; rows 16-byte aligned (vector loads) or one element in
+    (element by element), on sizes just off a block's rows or 128-byte columns and its k steps."""
+    torch.manual_seed(0)
+    for m, n, k in [(1, 4096, 1000), (3, 129, 4104), (8, 72, 136), (2, 1000, 72), (4, 33, 8200)]:
+        x = random_matrix(m, k, dtype, "cuda")  # k % 8 == 0: rows 16-byte aligned, never copied
+        for w, kind in [(weight_view(n, k, dtype), "k_major_kernel"),
+                        (weight_view(n, k, dtype, offset=1), "k_major_kernel"),
+                        (row_major_weight(k, n, dtype), "n_major_kernel"),
+                        (row_major_weight(k, n, dtype, offset=1), "n_major_kernel")]:
+            names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_gemv"))
+                     if "FillFunctor" not in e["name"]]
+            products = [name for name in names if "sum_splits_kernel" not in name]
+            assert len(products) == 1 and kind in products[0], names
+            assert_matches_reference(x, w, "skinny_gemv")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("m", [1, 16, 64])
 def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
     """A weight stored row-major [K, N] whose base lies one element into a 16-byte line, so that
@@ -293,7 +331,9 @@ def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
     for n, k in [(4096, 4096), (1024, 4096), (136, 1000), (1024, 1024)]:
         x = random_matrix(m, k, dtype, "cuda")
         w = row_major_weight(k, n, dtype, offset=1)
-        if dtype != torch.float32:
+        if gemv_takes(m, n, dtype, row_major=True):  # it reads these in place too
+            assert mmv.auto_choice(x, w) == "skinny_gemv"
+        elif dtype != torch.float32:
             assert mmv.auto_choice(x, w) == "skinny"
         elif n * k >= 1024 * 4096:
             assert mmv.auto_choice(x, w) == "tensor_core"
@@ -329,8 +369,11 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
-    rows)."""
-    highest = [name for name in skinny_algorithms() if dtype in dtypes_of(name)][-1]
+    rows). Above them skinny_gemv, which takes float32 at one token and defers everything else."""
+    names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
+    if "skinny_gemv" in names and gemv_takes(m, n, dtype):
+        return "skinny_gemv"
+    highest = [name for name in names if name != "skinny_gemv"][-1]
     if highest != "skinny_tma":
         return highest
     if dtype == torch.float32:
@@ -348,7 +391,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (8, 4096, 4096), (8, 14336, 4096),
+@pytest.mark.parametrize("m, n, k", [(1, 4096, 4096), (2, 4096, 4096), (4, 14336, 4096),
+                                     (8, 4096, 4096), (8, 14336, 4096),
                                      (1, 4096, 14336), (16, 4096, 4096), (16, 4096, 14336),
                                      (16, 14336, 4096), (32, 4096, 4096), (32, 14336, 4096),
                                      (33, 4096, 4096), (64, 4096, 4096), (64, 64, 64),
@@ -400,6 +444,7 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
     their K is split (skinny_tma adds its splits inside the cluster; skinny in that pass, whose
     output the next call reads), on GPUs with more SMs than skinny's 64 blocks of 16 rows."""
     torch.manual_seed(0)
+    m = rows_for(algorithm, m)
     shapes = [(4096, 4096), (1024, 4096), (4096, 1024), (1024, 4096), (4096, 1024)]
     weights = [random_matrix(n, k, dtype, "cuda") * 0.02 for n, k in shapes]
     x0 = random_matrix(m, 4096, dtype, "cuda")

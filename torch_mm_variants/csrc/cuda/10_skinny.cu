@@ -117,34 +117,13 @@ struct SkinnyMma<float> {
   }
 };
 
+using skinny::load_row;
+using skinny::load_streaming;
+using skinny::word;
+
 // Elements are moved as raw bits; only the MMA knows the dtype.
 template <typename T>
 using Bits = std::conditional_t<sizeof(T) == 2, uint16_t, uint32_t>;
-
-// One 16-byte load that bypasses L1 and asks L2 to fetch the surrounding 256 bytes: for the
-// weight, which every block reads once.
-__device__ __forceinline__ uint4 load_streaming(const void* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-// The 16 bytes of a row starting at p, of which `left` elements lie inside the matrix: one vector
-// load when VECTOR (p is 16-byte aligned) and all are inside, else element by element with zeros
-// past the end.
-template <bool VECTOR, bool STREAMING, typename E>
-__device__ __forceinline__ uint4 load_row(const E* p, int left) {
-  constexpr int kVec = 16 / sizeof(E);
-  if (VECTOR && left >= kVec) {
-    return STREAMING ? load_streaming(p) : __ldg(reinterpret_cast<const uint4*>(p));
-  }
-  Vec<E, kVec> v;
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) v.v[e] = e < left ? p[e] : E(0);
-  return *reinterpret_cast<const uint4*>(&v);
-}
 
 // The 8-byte counterpart of load_streaming, for a row-major weight's quads (below).
 __device__ __forceinline__ uint2 load_streaming_8(const void* p) {
@@ -187,12 +166,6 @@ template <int COLUMNS>
 __device__ __forceinline__ int a_row_of_column(int c) {
   return 2 * (c / COLUMNS) + 8 * ((c >> 1) & 1) + (c & 1);
 }
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
-
-__device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
 
 template <typename T>
 struct SkinnyProblem {
@@ -485,30 +458,12 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
 template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                    at::Tensor& out) {
-  // A row-major weight whose rows take 16-byte loads: blocks of 32 columns (see skinny_kernel).
-  if constexpr (N_MAJOR && N_TILES == 1 && TILES <= kMaxWideTiles) {
-    if (skinny::rows_aligned<T>(w.data_ptr(), ldw)) {
-      return launch_skinny<T, TILES, true, 2>(x, ldx, w, ldw, out);
-    }
-  }
   constexpr int kStep = StepShape<T, TILES, N_TILES>::kStep;
   const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
   const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES));
-  const DeviceInfo& device = device_properties(c10::cuda::current_device());
-  // Up to two blocks per SM, while every warp keeps at least one step of each block's range.
-  // Rounded down: a third block on some SMs would run as a second wave, and those SMs would
-  // stream more of the weight than with fewer, longer splits (float32 at one token, whose blocks
-  // fit two per SM, on 1024 x 4096: 5 splits put 3 blocks of 832 k on some SMs, 4 splits at most
-  // 2 of 1024).
-  int splits = 1;
-  if (blocks < device.multiProcessorCount) {
-    const int64_t steps_per_warp = K / (static_cast<int64_t>(kStep) * kWarps);
-    splits = static_cast<int>(std::min<int64_t>(
-        {2 * device.multiProcessorCount / blocks, steps_per_warp, kMaxSplits}));
-    splits = std::max(splits, 1);
-  }
-  const int64_t k_per_block = ceil_div(ceil_div(K, splits), kStep) * static_cast<int64_t>(kStep);
-  splits = static_cast<int>(ceil_div(K, k_per_block));
+  const KSplit split = split_k(blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps, kMaxSplits);
+  const int splits = split.splits;
+  const int64_t k_per_block = split.k_per_block;
   at::Tensor partial;
   if (splits > 1) partial = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
 
@@ -556,19 +511,29 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
 template <typename T, bool N_MAJOR>
 void launch_for_tokens(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                        at::Tensor& out) {
+  const auto launch = [&](auto tiles_c) {
+    constexpr int kTiles = decltype(tiles_c)::value;
+    // A row-major weight whose rows take 16-byte loads: blocks of 32 columns (see skinny_kernel).
+    if constexpr (N_MAJOR && kTiles <= kMaxWideTiles) {
+      if (skinny::rows_aligned<T>(w.data_ptr(), ldw)) {
+        return launch_skinny<T, kTiles, true, 2>(x, ldx, w, ldw, out);
+      }
+    }
+    launch_skinny<T, kTiles, N_MAJOR>(x, ldx, w, ldw, out);
+  };
   const int64_t M = x.size(0);
   if (M <= 8) {
-    launch_skinny<T, 1, N_MAJOR>(x, ldx, w, ldw, out);
+    launch(std::integral_constant<int, 1>{});
   } else if (M <= 16) {
-    launch_skinny<T, 2, N_MAJOR>(x, ldx, w, ldw, out);
+    launch(std::integral_constant<int, 2>{});
   } else if (M <= 24) {
-    launch_skinny<T, 3, N_MAJOR>(x, ldx, w, ldw, out);
+    launch(std::integral_constant<int, 3>{});
   } else if (M <= 32) {
-    launch_skinny<T, 4, N_MAJOR>(x, ldx, w, ldw, out);
+    launch(std::integral_constant<int, 4>{});
   } else if (M <= 48) {
-    launch_skinny<T, 6, N_MAJOR>(x, ldx, w, ldw, out);
+    launch(std::integral_constant<int, 6>{});
   } else {
-    launch_skinny<T, 8, N_MAJOR>(x, ldx, w, ldw, out);
+    launch(std::integral_constant<int, 8>{});
   }
 }
 
@@ -576,7 +541,7 @@ void launch_for_tokens(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
 // read as w = b.t(), K-contiguous, copied so where they are not.
 template <typename T>
 void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  skinny::check_extents(a, b);
+  skinny::check_extents(a, b, "skinny");
   const auto [x, ldx] = skinny::tokens<T>(a);
   if constexpr (sizeof(T) == 2) {
     if (skinny::row_major(b)) return launch_for_tokens<T, true>(x, ldx, b, b.stride(0), out);

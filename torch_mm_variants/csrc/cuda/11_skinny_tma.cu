@@ -586,7 +586,7 @@ void launch_skinny_tma(const skinny::Rows& x, const WeightMap& w, at::Tensor& ou
 void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   const auto run = [&](auto dtype) {
     using T = decltype(dtype);
-    skinny::check_extents(a, b);
+    skinny::check_extents(a, b, "skinny_tma");
     std::optional<WeightMap> w = weight_map<T>(b);
     if (!w) {
       // Rows TMA cannot address: rung 10 reads them in place, up to its 64 rows; past those,
@@ -669,9 +669,8 @@ bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous:
   // 16-bit ones go to rung 10, which reads them in place, and large float32 ones, which rung 10
   // copies too, on to rung 8.
-  if (!reads_weight_n_major(a, b) &&
-      (skinny::rung8_is_faster_on_row_major(a, b) ||
-       (skinny::row_major(b) && a.scalar_type() != at::kFloat))) {
+  if (!reads_weight_n_major(a, b) && skinny::row_major(b) &&
+      (a.scalar_type() != at::kFloat || skinny::rung8_is_faster_on_row_major(a, b))) {
     return true;
   }
   if (a.size(0) <= skinny::kMaxM) return rung10_is_faster(a, b);

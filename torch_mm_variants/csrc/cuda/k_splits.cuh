@@ -14,6 +14,27 @@
 
 namespace mm_variants::cuda {
 
+// How the blocks of a memory-bound decode product (rungs 10 and 12) split K: `blocks` blocks
+// along N; a split is whole steps of `step` k and at least `min_k` (each warp of a block a step).
+struct KSplit {
+  int splits;
+  int64_t k_per_block;
+};
+
+// Up to two blocks per SM where N alone gives fewer blocks than SMs, while every split keeps
+// min_k. Rounded down: a third block on some SMs would run as a second wave, and those SMs would
+// stream more of the weight than with fewer, longer splits (float32 at one token on rung 10,
+// whose blocks fit two per SM, on 1024 x 4096: 5 splits put 3 blocks of 832 k on some SMs, 4
+// splits at most 2 of 1024).
+inline KSplit split_k(int64_t blocks, int64_t K, int step, int64_t min_k, int max_splits) {
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  int64_t splits = 1;
+  if (blocks < sms) splits = std::max<int64_t>(std::min({2 * sms / blocks, K / min_k,
+                                                         static_cast<int64_t>(max_splits)}), 1);
+  const int64_t k_per_block = static_cast<int64_t>(ceil_div(ceil_div(K, splits), step)) * step;
+  return {static_cast<int>(ceil_div(K, k_per_block)), k_per_block};
+}
+
 // out[m][n] (rows ldc apart) = epi(slice 0's [m][n] + ... + slice (splits - 1)'s, n), in T.
 template <typename T, class Epi>
 __global__ void sum_splits_kernel(const float* partial, int64_t slice, int splits, T* out,

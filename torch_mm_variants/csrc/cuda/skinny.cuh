@@ -1,5 +1,6 @@
-// What the two skinny rungs (10: mma.sync on any sm_80+, 11: TMA and wgmma on sm_90a) share:
-// the operands as they read them (x [M, K] and the nn.Linear weight w [N, K], both K-contiguous).
+// What the skinny rungs (10: mma.sync on any sm_80+, 11: TMA and wgmma on sm_90a, 12: CUDA-core
+// dot products) share: the operands as they read them (x [M, K] and the nn.Linear weight w [N, K],
+// both K-contiguous, or a weight stored row by row [K, N]) and their loads.
 #pragma once
 
 #include "common.cuh"
@@ -116,11 +117,45 @@ Rows tokens(const at::Tensor& a) {
   return padded_copy<T>(a);
 }
 
-// Both rungs index N and K with int.
-inline void check_extents(const at::Tensor& a, const at::Tensor& b) {
+// ---- Device helpers of the skinny rungs' loads ----------------------------------------------
+
+// One 16-byte load that bypasses L1 and asks L2 to fetch the surrounding 256 bytes: for the
+// weight, which every block reads once.
+__device__ __forceinline__ uint4 load_streaming(const void* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+// The 16 bytes of a row starting at p, of which `left` elements lie inside the matrix: one vector
+// load when VECTOR (p is 16-byte aligned) and all are inside, else element by element with zeros
+// past the end.
+template <bool VECTOR, bool STREAMING, typename E>
+__device__ __forceinline__ uint4 load_row(const E* p, int left) {
+  constexpr int kVec = 16 / sizeof(E);
+  if (VECTOR && left >= kVec) {
+    return STREAMING ? load_streaming(p) : __ldg(reinterpret_cast<const uint4*>(p));
+  }
+  Vec<E, kVec> v;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) v.v[e] = e < left ? p[e] : E(0);
+  return *reinterpret_cast<const uint4*>(&v);
+}
+
+// Word i of a vector held in registers.
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+__device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
+
+// The skinny rungs index N and K with int.
+inline void check_extents(const at::Tensor& a, const at::Tensor& b, const char* algorithm) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "torch_mm_variants: skinny takes N and K below 2^31,"
-              " got ", M, "x", K, " and ", K, "x", N);
+  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "torch_mm_variants: ", algorithm,
+              " takes N and K below 2^31, got ", M, "x", K, " and ", K, "x", N);
 }
 
 }  // namespace mm_variants::cuda::skinny
