@@ -150,11 +150,17 @@ def test_cuda_graph_capture(algorithm):
 MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
 
 
-def gemv_takes(m: int, n: int, dtype: torch.dtype, row_major: bool = False) -> bool:
-    """Where `auto` takes skinny_gemv (a GPU that lists it): float32 up to 2 tokens, and up to 4
-    but on row-major weights of more than 4096 columns; 16 bits and more tokens stay on the rungs
-    below."""
-    return dtype == torch.float32 and (m <= 2 or (m <= 4 and not (row_major and n > 4096)))
+def gemv_takes(m: int, n: int, dtype: torch.dtype, row_major: bool = False,
+               tma_reads_it: bool = False) -> bool:
+    """Where `auto` takes skinny_gemv (a GPU that lists it): float32 up to 2 tokens, up to 4 but on
+    row-major weights of more than 4096 columns that skinny_tma reads in place, and up to 8 on
+    row-major weights it does not (which the rungs below copy or load element by element); 16 bits
+    and more tokens stay on the rungs below."""
+    if dtype != torch.float32:
+        return False
+    if row_major and not tma_reads_it:
+        return m <= 8
+    return m <= 2 or (m <= 4 and not (row_major and n > 4096))
 
 
 def rows_for(algorithm: str, m: int) -> int:
@@ -266,7 +272,7 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     x = random_matrix(m, 4096, dtype, "cuda")
     w = random_matrix(4096, 4096, dtype, "cuda")
     expected = "skinny_tma" if m <= 64 or dtype == torch.float32 else "wgmma"
-    if gemv_takes(m, 4096, dtype, row_major=True):  # it reads these in place too
+    if gemv_takes(m, 4096, dtype, row_major=True, tma_reads_it=True):  # in place too
         expected = "skinny_gemv"
     assert mmv.auto_choice(x, w) == expected
     assert_matches_reference(x, w, "auto")
@@ -320,13 +326,13 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 16, 64])
+@pytest.mark.parametrize("m", [1, 8, 16, 64])
 def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
     """A weight stored row-major [K, N] whose base lies one element into a 16-byte line, so that
     TMA cannot read it in place: 16-bit ones go to skinny, which reads them as they are; float32
     ones, which skinny would first copy K-contiguous, go, once the copy takes longer than the
     product, to tensor_core (through wgmma's refusal on sm_90a), and stay on a skinny rung below
-    that size."""
+    that size; up to 8 tokens float32 ones go to skinny_gemv, which reads them in place."""
     torch.manual_seed(0)
     for n, k in [(4096, 4096), (1024, 4096), (136, 1000), (1024, 1024)]:
         x = random_matrix(m, k, dtype, "cuda")

@@ -330,14 +330,21 @@ constexpr const char* kFewTokensOnly =
 //   torch.mm, where rung 10 ran at 0.72-1.33x; row-major: 0.93-2.51x, rung 11 0.85-2.29x), but
 //   for row-major weights of more than 4096 columns at 3-4 tokens (14336 x 4096: 86.1 against
 //   rung 11's 83.6 us). At 8 tokens it trailed both rungs on the larger weights by 5-20%.
+// - float32 row-major weights that rung 11 does not read in place (no sm_90a, or rows TMA cannot
+//   address) the rungs below copy K-contiguous or, from 1024 x 4096 elements, pass to rung 8,
+//   whose time has a floor of a 128-row tile's pass over K: rows one element off alignment took
+//   9.1-113 us here at 1-4 tokens (element by element) and 82-575 us on rung 8, 1024 x 1024 to
+//   14336 x 4096 (L2 cleared before each call). This rung takes those up to 8 tokens.
 // - 16 bits: rungs 10 and 11 were as fast at one token (within 2%, but 4096 x 4096, where they
 //   were 7-11% faster) and faster from 4 tokens, where this rung's K-contiguous kernel holds 166
 //   registers or more, one block per SM.
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != at::kFloat) return true;
+  const bool row_major = skinny::row_major(b);
+  if (row_major && !(sm90a(a.device()) && skinny::n_major_in_place<float>(b))) return false;
   const int64_t M = a.size(0);
   if (M <= 2) return false;
-  return M > 4 || (skinny::row_major(b) && b.size(1) > 4096);
+  return M > 4 || (row_major && b.size(1) > 4096);
 }
 
 // The weight's streaming load asks L2 for 256 bytes, an sm_80 qualifier.
