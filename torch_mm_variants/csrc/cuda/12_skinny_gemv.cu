@@ -13,10 +13,11 @@
 //   interleaved steps. In a step a lane loads 16-byte vectors of every row and the x vectors of
 //   the same k before it uses any, so each SM keeps tens of KB in flight; a warp's load of a row
 //   is 512 contiguous bytes.
-// - N-contiguous weight: a block owns the columns of one 128-byte line of each weight row (32
-//   floats, 64 16-bit elements). A warp's load takes that line of 4 rows (8 lanes a row), a lane
-//   loads 4 consecutive rows per step (so one vector load of x serves them), and the warps split
-//   K. Lanes sum x[m][k] * w[k][n] into their 4 or 8 columns.
+// - N-contiguous weight: a block owns 128 bytes of columns of each weight row (32 floats, 64
+//   16-bit elements: one 128-byte line where the rows are so aligned). A warp's load takes them
+//   from 4 rows, 4 apart (8 lanes a row); a lane loads 4 consecutive rows per step (so one vector
+//   load of x serves them), and the warps split K. Lanes sum x[m][k] * w[k][n] into their 4 or 8
+//   columns.
 // - The lanes' sums meet by shuffles within a warp and in shared memory across warps, always in
 //   the same order. Where N gives fewer blocks than SMs, blocks split K as in rung 10, and a
 //   second pass adds the splits in order (k_splits): no atomics, the same bits on every run.
@@ -136,7 +137,9 @@ __device__ __forceinline__ void store_sum(const GemvProblem<T>& p,
   }
 }
 
-// K-contiguous weight: block blockIdx.x computes out[:, 4 bx : 4 bx + 4] over its k range.
+// K-contiguous weight: block blockIdx.x computes out[:, R bx : R bx + R] (R = kRowsPerBlock) over
+// its k range. A split's k range is whole warp steps, not whole block steps, so some of its warps
+// may take one step more than others (rung 10 splits the same way).
 // W_VECTOR: w's pointer and leading dimension are 16-byte aligned.
 template <typename T, int TOKENS, bool W_VECTOR>
 __global__ void __launch_bounds__(kThreads) k_major_kernel(GemvProblem<T> p) {
@@ -325,19 +328,23 @@ constexpr const char* kFewTokensOnly =
     "another algorithm (or 'auto') for larger M";
 
 // Where `auto` passes this rung over for the rungs below it. Back to back in a CUDA graph (H100,
-// weights rotated past L2; 1024 x 1024, 4096 x 4096, 14336 x 4096 and 4096 x 14336):
-// - float32 up to 4 tokens runs faster here than on rungs 10 and 11 (K-contiguous: 1.06-2.02x of
+// weights rotated past L2; N x K of 1024 x 1024, 4096 x 4096, 14336 x 4096 and 4096 x 14336; one
+// run, decode.md has a later one):
+// - float32 at 1-4 tokens ran faster here than on rungs 10 and 11 (K-contiguous: 1.06-2.02x of
 //   torch.mm, where rung 10 ran at 0.72-1.33x; row-major: 0.93-2.51x, rung 11 0.85-2.29x), but
-//   for row-major weights of more than 4096 columns at 3-4 tokens (14336 x 4096: 86.1 against
-//   rung 11's 83.6 us). At 8 tokens it trailed both rungs on the larger weights by 5-20%.
+//   on row-major weights of more than 4096 output columns (N) at 4 tokens (N = 14336: 86.1
+//   against rung 11's 83.6 us; 3 tokens not measured). At 8 tokens it trailed rung 10 on the
+//   three larger K-contiguous weights by 2-21%; on row-major weights it was within 4% of rung 11
+//   (either way) on the two larger ones and ahead on the other two; with 5-7 tokens not
+//   measured, those stay on rung 11.
 // - float32 row-major weights that rung 11 does not read in place (no sm_90a, or rows TMA cannot
 //   address) the rungs below copy K-contiguous or, from 1024 x 4096 elements, pass to rung 8,
 //   whose time has a floor of a 128-row tile's pass over K: rows one element off alignment took
-//   9.1-113 us here at 1-4 tokens (element by element) and 82-575 us on rung 8, 1024 x 1024 to
+//   9.1-120 us here at 1-8 tokens (element by element) and 82-575 us on rung 8, 1024 x 1024 to
 //   14336 x 4096 (L2 cleared before each call). This rung takes those up to 8 tokens.
-// - 16 bits: rungs 10 and 11 were as fast at one token (within 2%, but 4096 x 4096, where they
-//   were 7-11% faster) and faster from 4 tokens, where this rung's K-contiguous kernel holds 166
-//   registers or more, one block per SM.
+// - 16 bits: at one token this rung ran from 3% faster to 16% slower than rungs 10 and 11, and
+//   from 4 tokens slower everywhere: its K-contiguous kernel then holds 166 registers or more,
+//   one block per SM (2 tokens not measured apart).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != at::kFloat) return true;
   const bool row_major = skinny::row_major(b);
