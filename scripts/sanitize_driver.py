@@ -31,9 +31,11 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # row of 33 tiles, a K tail in the last split). Of the small shapes above, (136, 264, 72) runs in
 # 128 x 64 tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles
 # (17-24 tokens) and 8 (49-64). skinny_gemv's 2 and 4 tokens, and its K split over blocks (both
-# weight layouts: the transposed layouts of b are its row-major weight).
+# weight layouts: the transposed layouts of b are its row-major weight), and its row-major blocks
+# of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
-                "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100)],
+                "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
+                                (2, 6000, 700)],
                 "skinny_tma": [(64, 4096, 4096), (20, 136, 1000)],
                 "wgmma": [(136, 264, 4100), (200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
                           (129, 17000, 4104), (300, 7680, 136), (704, 4104, 1000),

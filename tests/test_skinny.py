@@ -152,15 +152,26 @@ MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
 
 def gemv_takes(m: int, n: int, dtype: torch.dtype, row_major: bool = False,
                tma_reads_it: bool = False) -> bool:
-    """Where `auto` takes skinny_gemv (a GPU that lists it): float32 up to 2 tokens, up to 4 but on
-    row-major weights of more than 4096 columns that skinny_tma reads in place, and up to 8 on
-    row-major weights it does not (which the rungs below copy or load element by element); 16 bits
-    and more tokens stay on the rungs below."""
-    if dtype != torch.float32:
+    """Where `auto` takes skinny_gemv (a GPU that lists it), float32 only: up to 2 tokens; up to 4
+    on nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
+    have up to 4096 columns; on row-major weights it does not read (which the rungs below copy or
+    load element by element), up to 8. 16 bits and more tokens stay on the rungs below."""
+    if dtype != torch.float32 or m > 8:
         return False
-    if row_major and not tma_reads_it:
-        return m <= 8
-    return m <= 2 or (m <= 4 and not (row_major and n > 4096))
+    if m <= 2 or (row_major and not tma_reads_it):
+        return True
+    return n <= 4096 if row_major else m <= 4
+
+
+def gemv_n_major_warps(m: int, lines: int, sms: int) -> int:
+    """The warps of skinny_gemv's blocks on a row-major weight of `lines` 128-byte lines of
+    columns: at 1-2 tokens with at least half as many lines as SMs, 32 where a block per line fits
+    on the SMs at once (one an SM), 16 where two an SM do, else 8."""
+    if m > 2 or 2 * lines < sms:
+        return 8
+    if lines <= sms:
+        return 32
+    return 16 if lines <= 2 * sms else 8
 
 
 def rows_for(algorithm: str, m: int) -> int:
@@ -262,20 +273,22 @@ def test_auto_past_64_tokens(m, dtype, tf32):
 
 @pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("m", [1, 4, 8, 16, 64, 128])
+@pytest.mark.parametrize("m", [1, 2, 4, 8, 16, 64, 128])
 def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     """Decode against a weight stored row-major [K, N] (x @ w): `auto` takes skinny_tma, which
     reads it in place, where rung 10 would first copy it K-contiguous, a copy that takes longer
     than the product itself; past 64 tokens, for float32 with TF32 off only (wgmma otherwise).
-    float32 up to 4 tokens takes skinny_gemv, which reads it in place too."""
+    float32 takes skinny_gemv, which reads it in place too, up to 8 tokens on 4096 columns and up
+    to 2 on more."""
     torch.manual_seed(0)
     x = random_matrix(m, 4096, dtype, "cuda")
-    w = random_matrix(4096, 4096, dtype, "cuda")
-    expected = "skinny_tma" if m <= 64 or dtype == torch.float32 else "wgmma"
-    if gemv_takes(m, 4096, dtype, row_major=True, tma_reads_it=True):  # in place too
-        expected = "skinny_gemv"
-    assert mmv.auto_choice(x, w) == expected
-    assert_matches_reference(x, w, "auto")
+    for n in (4096, 4104):
+        w = random_matrix(4096, n, dtype, "cuda")
+        expected = "skinny_tma" if m <= 64 or dtype == torch.float32 else "wgmma"
+        if gemv_takes(m, n, dtype, row_major=True, tma_reads_it=True):  # in place too
+            expected = "skinny_gemv"
+        assert mmv.auto_choice(x, w) == expected, n
+        assert_matches_reference(x, w, "auto")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -310,18 +323,24 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
     """skinny_gemv reads an nn.Linear weight [N, K] (x @ w.t()) and a weight stored row-major
     [K, N] (x @ w) as they are: one product kernel of the layout's kind (then the adding pass where
     K is split over blocks), no copy; rows 16-byte aligned (vector loads) or one element in
-    (element by element), on sizes just off a block's rows or 128-byte columns and its k steps."""
+    (element by element), on sizes just off a block's rows or 128-byte columns and its k steps,
+    with row-major blocks of each warp count (gemv_n_major_warps)."""
     torch.manual_seed(0)
-    for m, n, k in [(1, 4096, 1000), (3, 129, 4104), (8, 72, 136), (2, 1000, 72), (4, 33, 8200)]:
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    for m, n, k in [(1, 4096, 1000), (3, 129, 4104), (8, 72, 136), (2, 1000, 72), (4, 33, 8200),
+                    (1, 17000, 264), (2, 6144, 264), (1, 8000, 1000)]:
         x = random_matrix(m, k, dtype, "cuda")  # k % 8 == 0: rows 16-byte aligned, never copied
-        for w, kind in [(weight_view(n, k, dtype), "k_major_kernel"),
-                        (weight_view(n, k, dtype, offset=1), "k_major_kernel"),
-                        (row_major_weight(k, n, dtype), "n_major_kernel"),
-                        (row_major_weight(k, n, dtype, offset=1), "n_major_kernel")]:
+        lines = -(-n * x.element_size() // 128)
+        n_major = "n_major_kernel"
+        n_major_warps = f", {gemv_n_major_warps(m, lines, sms)}>("
+        for w, kinds in [(weight_view(n, k, dtype), ["k_major_kernel"]),
+                         (weight_view(n, k, dtype, offset=1), ["k_major_kernel"]),
+                         (row_major_weight(k, n, dtype), [n_major, n_major_warps]),
+                         (row_major_weight(k, n, dtype, offset=1), [n_major, n_major_warps])]:
             names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_gemv"))
                      if "FillFunctor" not in e["name"]]
             products = [name for name in names if "sum_splits_kernel" not in name]
-            assert len(products) == 1 and kind in products[0], names
+            assert len(products) == 1 and all(kind in products[0] for kind in kinds), names
             assert_matches_reference(x, w, "skinny_gemv")
 
 
@@ -375,7 +394,7 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
-    rows). Above them skinny_gemv, which takes float32 at one token and defers everything else."""
+    rows). Above them skinny_gemv, where gemv_takes says so."""
     names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
     if "skinny_gemv" in names and gemv_takes(m, n, dtype):
         return "skinny_gemv"

@@ -117,6 +117,7 @@ struct SkinnyMma<float> {
   }
 };
 
+using skinny::load_elements;
 using skinny::load_row;
 using skinny::load_streaming;
 using skinny::word;
@@ -132,18 +133,6 @@ __device__ __forceinline__ uint2 load_streaming_8(const void* p) {
       : "=r"(v.x), "=r"(v.y)
       : "l"(p));
   return v;
-}
-
-// Consecutive elements of a row-major weight's row from p, as many as Q holds, of which `left`
-// lie inside the matrix: element by element with zeros past the end (for columns that a vector
-// load cannot take).
-template <typename Q, typename E>
-__device__ __forceinline__ Q load_columns_checked(const E* p, int left) {
-  constexpr int kElems = sizeof(Q) / sizeof(E);
-  Vec<E, kElems> v;
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) v.v[e] = e < left ? p[e] : E(0);
-  return *reinterpret_cast<const Q*>(&v);
 }
 
 // The 8- or 16-byte streaming load of a row-major weight's columns.
@@ -167,18 +156,6 @@ __device__ __forceinline__ int a_row_of_column(int c) {
   return 2 * (c / COLUMNS) + 8 * ((c >> 1) & 1) + (c & 1);
 }
 
-template <typename T>
-struct SkinnyProblem {
-  const T* w;  // w[n][k] at w[n * ldw + k]; stored row-major (N_MAJOR), w[k][n] at w[k * ldw + n]
-  int64_t ldw;
-  const T* x;  // x[m][k] at x[m * ldx + k]; rows 16-byte aligned
-  int64_t ldx;
-  T* out;          // [M][N], contiguous
-  float* partial;  // [gridDim.y][M][N] when blocks split K, else null
-  int M, N, K;
-  int k_per_block;
-};
-
 // Block (blockIdx.x, blockIdx.y) computes out[:, C bx : C bx + C] (C = 16 N_TILES columns) over
 // its K range; TILES groups of 8 tokens cover M. W_VECTOR: w's pointer and leading dimension are
 // 16-byte aligned (8-byte for N_MAJOR).
@@ -196,7 +173,7 @@ struct SkinnyProblem {
 // row (rows 32-byte aligned) where 16 columns took one, in one L2 request (per 128-byte line) as
 // before, and each x vector serves twice the columns.
 template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILES = 1>
-__global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(SkinnyProblem<T> p) {
+__global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny::Problem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
   static_assert(N_TILES == 1 || N_MAJOR, "a K-contiguous block owns 16 columns");
   using E = Bits<T>;
@@ -214,9 +191,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int n0 = blockIdx.x * kColumns;
-  const int k_begin = blockIdx.y * p.k_per_block;
-  const int k_end =
-      static_cast<int>(min(static_cast<int64_t>(p.K), int64_t(k_begin) + p.k_per_block));
+  const int k_begin = static_cast<int>(blockIdx.y * p.k_per_block);  // below K, an int
+  const int k_end = static_cast<int>(min(static_cast<int64_t>(p.K), k_begin + p.k_per_block));
 
   // This lane reads w rows n0 + g and n0 + g + 8, and token 8 j + g of each tile j. A row past N
   // (a token past M) reads the last one instead: row r of the A operand (column c of B) only
@@ -300,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
               wq[c][q] = Quad{};
             }
           } else {
-            wq[c][q] = load_columns_checked<Quad>(w_cols + k * p.ldw, row_inside ? n_left : 0);
+            wq[c][q] = load_elements<Quad>(w_cols + k * p.ldw, row_inside ? n_left : 0);
           }
         }
       }
@@ -444,12 +420,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(Skinny
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) sum += sums[w][m][row];
-    const int64_t at = static_cast<int64_t>(m) * p.N + n;
-    if (p.partial != nullptr) {
-      p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
-    } else {
-      p.out[at] = static_cast<T>(sum);
-    }
+    skinny::store_sum(p, m, n, sum);
   }
 }
 
@@ -459,19 +430,11 @@ template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                    at::Tensor& out) {
   constexpr int kStep = StepShape<T, TILES, N_TILES>::kStep;
-  const int64_t M = x.size(0), K = x.size(1), N = out.size(1);
+  const int64_t K = x.size(1), N = out.size(1);
   const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES));
-  const KSplit split = split_k(blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps, kMaxSplits);
-  const int splits = split.splits;
-  const int64_t k_per_block = split.k_per_block;
-  at::Tensor partial;
-  if (splits > 1) partial = at::empty({splits, M, N}, x.options().dtype(at::kFloat));
-
-  const SkinnyProblem<T> problem{
-      static_cast<const T*>(w.data_ptr()), ldw, static_cast<const T*>(x.data_ptr()), ldx,
-      static_cast<T*>(out.data_ptr()), splits > 1 ? partial.data_ptr<float>() : nullptr,
-      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K),
-      static_cast<int>(std::min<int64_t>(k_per_block, INT_MAX))};
+  const skinny::SplitProduct<T> product(
+      {x, ldx}, {w, ldw}, out,
+      split_k(blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps, kMaxSplits));
   // 16-bit inputs from 9 tokens launch early (a programmatic dependent launch): the blocks start
   // while the kernel before them finishes and wait for it in the kernel. Launched back to back on
   // a stream, a stand-alone copy (H100, bf16, 16-64 tokens) ran 1.02-1.05 times as fast so on a
@@ -486,10 +449,10 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // graphs, 16 tokens on 4096 x 14336 took 75.0 us against 48.5 at one token. The 32-column
   // kernels (9-32 tokens) take 103-128 registers, two blocks an SM, and launch early.
   const auto run = [&](auto kernel) {
-    KernelLaunch launch(dim3(blocks, splits), kThreads, 0);
+    KernelLaunch launch(dim3(blocks, product.splits()), kThreads, 0);
     launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&
                           resident_blocks_per_sm(kernel, kThreads, 0) <= 2);
-    launch.run(kernel, problem);
+    launch.run(kernel, product.problem());
   };
   if constexpr (N_TILES == 2) {  // rows 16-byte aligned (above)
     run(skinny_kernel<T, TILES, true, true, 2>);
@@ -502,7 +465,7 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
         },
         w_vector);
   }
-  if (splits > 1) sum_splits<T>(partial.data_ptr<float>(), M * N, splits, problem.out, M, N, N);
+  product.add_splits();
 }
 
 // Token tiles past M cost their x loads (they read a valid row) and registers, so M picks the

@@ -644,15 +644,10 @@ bool small_weight(const at::Tensor& a, int64_t N, int64_t K) {
   return N * K <= 512 * 512 || (N <= 1024 && N * K <= 1024 * 4096);
 }
 
-bool reads_weight_n_major(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == at::kFloat ? skinny::n_major_in_place<float>(b)
-                                       : skinny::n_major_in_place<c10::Half>(b);
-}
-
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   // A row-major weight TMA can address this rung reads in place (rung 10 copies float32 ones).
-  if (reads_weight_n_major(a, b)) return false;
+  if (skinny::tma_reads_n_major(a, b)) return false;
   if (small_weight(a, N, K)) return true;
   if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
@@ -669,7 +664,7 @@ bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous:
   // 16-bit ones go to rung 10, which reads them in place, and large float32 ones, which rung 10
   // copies too, on to rung 8.
-  if (!reads_weight_n_major(a, b) && skinny::row_major(b) &&
+  if (!skinny::tma_reads_n_major(a, b) && skinny::row_major(b) &&
       (a.scalar_type() != at::kFloat || skinny::rung8_is_faster_on_row_major(a, b))) {
     return true;
   }

@@ -17,7 +17,8 @@
 //   16-bit elements: one 128-byte line where the rows are so aligned). A warp's load takes them
 //   from 4 rows, 4 apart (8 lanes a row); a lane loads 4 consecutive rows per step (so one vector
 //   load of x serves them), and the warps split K. Lanes sum x[m][k] * w[k][n] into their 4 or 8
-//   columns.
+//   columns. Blocks have 8 warps, or at one or two tokens up to 32, as many as let every line's
+//   block run at once: more bytes in flight, and no K split where lines are at least half the SMs.
 // - The lanes' sums meet by shuffles within a warp and in shared memory across warps, always in
 //   the same order. Where N gives fewer blocks than SMs, blocks split K as in rung 10, and a
 //   second pass adds the splits in order (k_splits): no atomics, the same bits on every run.
@@ -38,8 +39,9 @@
 namespace mm_variants::cuda {
 namespace {
 
+using skinny::load_elements;
 using skinny::load_row;
-using skinny::load_streaming;
+using skinny::Problem;
 using skinny::word;
 
 constexpr int kWarps = 8;
@@ -55,7 +57,9 @@ constexpr int kRowsPerLoad = 32 / kLanesPerRow;
 // 8 or 16 rows a lane ran up to 11% faster on some float32 products and up to 24% slower on
 // others (H100, row-major weights of 1024 x 1024 to 14336 x 4096 at 1-8 tokens).
 constexpr int kRowsPerLane = 4;  // a multiple of 4: x is loaded 4 k at a time
-constexpr int kNMajorStep = kWarps * kRowsPerLoad * kRowsPerLane;  // k rows of a block's step
+// The k rows of a step of an N-contiguous block of WARPS warps.
+template <int WARPS>
+constexpr int kNMajorStep = WARPS * kRowsPerLoad * kRowsPerLane;
 
 template <typename T>
 constexpr int kVec = 16 / static_cast<int>(sizeof(T));
@@ -64,18 +68,6 @@ constexpr int kVec = 16 / static_cast<int>(sizeof(T));
 // flight, weight and x, stay near 16 vectors (64 registers), fewer per row as tokens add x's.
 template <int TOKENS>
 constexpr int kVectorsPerRow = std::max(1, 16 / (kRowsPerBlock + TOKENS));
-
-template <typename T>
-struct GemvProblem {
-  const T* w;  // K-contiguous: w[n][k] at w[n * ldw + k]; N-contiguous: w[k][n] at w[k * ldw + n]
-  int64_t ldw;
-  const T* x;  // x[m][k] at x[m * ldx + k]; rows 16-byte aligned
-  int64_t ldx;
-  T* out;          // [M][N], contiguous
-  float* partial;  // [gridDim.y][M][N] when blocks split K, else null
-  int M, N, K;
-  int64_t k_per_block;
-};
 
 // Element i of a vector of T held in registers, as a float.
 template <typename T, typename V>
@@ -96,15 +88,12 @@ template <typename T>
 __device__ __forceinline__ auto load_four(const T* p, int64_t left) {
   using Q = std::conditional_t<sizeof(T) == 4, uint4, uint2>;
   if (left >= 4) return *reinterpret_cast<const Q*>(p);
-  Vec<T, 4> v;
-#pragma unroll
-  for (int e = 0; e < 4; ++e) v.v[e] = e < left ? p[e] : T(0);
-  return *reinterpret_cast<const Q*>(&v);
+  return load_elements<Q>(p, static_cast<int>(left));  // 1 to 3: the row's k stay inside
 }
 
 // The k range of block row blockIdx.y.
 template <typename T>
-__device__ __forceinline__ void block_k_range(const GemvProblem<T>& p, int64_t& begin,
+__device__ __forceinline__ void block_k_range(const Problem<T>& p, int64_t& begin,
                                               int64_t& end) {
   begin = blockIdx.y * p.k_per_block;
   end = std::min<int64_t>(p.K, begin + p.k_per_block);
@@ -119,22 +108,16 @@ __device__ __forceinline__ float sum_over_lanes(float value, int first_bit, int 
   return value;
 }
 
-// Adds the kWarps partial sums of output (m, n) in warp order and stores it: into the output, or
-// into this block's split of the partial sums.
-template <typename T, int SUMS>
-__device__ __forceinline__ void store_sum(const GemvProblem<T>& p,
-                                          const float (&sums)[kWarps][SUMS], int index, int m,
-                                          int n) {
+// Adds the WARPS partial sums of output (m, n) in warp order and stores it (skinny::store_sum).
+template <typename T, int WARPS, int SUMS>
+__device__ __forceinline__ void add_and_store(const Problem<T>& p,
+                                              const float (&sums)[WARPS][SUMS], int index, int m,
+                                              int n) {
   if (m >= p.M || n >= p.N) return;
   float sum = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) sum += sums[w][index];
-  const int64_t at = static_cast<int64_t>(m) * p.N + n;
-  if (p.partial != nullptr) {
-    p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
-  } else {
-    p.out[at] = static_cast<T>(sum);
-  }
+  for (int w = 0; w < WARPS; ++w) sum += sums[w][index];
+  skinny::store_sum(p, m, n, sum);
 }
 
 // K-contiguous weight: block blockIdx.x computes out[:, R bx : R bx + R] (R = kRowsPerBlock) over
@@ -142,7 +125,7 @@ __device__ __forceinline__ void store_sum(const GemvProblem<T>& p,
 // may take one step more than others (rung 10 splits the same way).
 // W_VECTOR: w's pointer and leading dimension are 16-byte aligned.
 template <typename T, int TOKENS, bool W_VECTOR>
-__global__ void __launch_bounds__(kThreads) k_major_kernel(GemvProblem<T> p) {
+__global__ void __launch_bounds__(kThreads) k_major_kernel(Problem<T> p) {
   constexpr int V = kVec<T>, U = kVectorsPerRow<TOKENS>;
   constexpr int kStep = 32 * V * U;  // k of a warp's step
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -198,13 +181,14 @@ __global__ void __launch_bounds__(kThreads) k_major_kernel(GemvProblem<T> p) {
   }
   __syncthreads();
   const int e = threadIdx.x;
-  if (e < kRowsPerBlock * TOKENS) store_sum(p, sums, e, e % TOKENS, n0 + e / TOKENS);
+  if (e < kRowsPerBlock * TOKENS) add_and_store(p, sums, e, e % TOKENS, n0 + e / TOKENS);
 }
 
 // N-contiguous weight: block blockIdx.x computes out[:, C bx : C bx + C] over its k range, C the
-// elements of a 128-byte line. W_VECTOR: w's pointer and leading dimension are 16-byte aligned.
-template <typename T, int TOKENS, bool W_VECTOR>
-__global__ void __launch_bounds__(kThreads) n_major_kernel(GemvProblem<T> p) {
+// elements of a 128-byte line, its WARPS warps splitting it. W_VECTOR: w's pointer and leading
+// dimension are 16-byte aligned.
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS>
+__global__ void __launch_bounds__(32 * WARPS) n_major_kernel(Problem<T> p) {
   constexpr int V = kVec<T>;
   constexpr int kColumns = kLanesPerRow * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -219,7 +203,7 @@ __global__ void __launch_bounds__(kThreads) n_major_kernel(GemvProblem<T> p) {
 
   float acc[TOKENS][V] = {};
   const int first_row = (warp * kRowsPerLoad + lane / kLanesPerRow) * kRowsPerLane;
-  for (int64_t k = k_begin + first_row; k < k_end; k += kNMajorStep) {
+  for (int64_t k = k_begin + first_row; k < k_end; k += kNMajorStep<WARPS>) {
     uint4 wv[kRowsPerLane];
 #pragma unroll
     for (int j = 0; j < kRowsPerLane; ++j) {
@@ -248,7 +232,7 @@ __global__ void __launch_bounds__(kThreads) n_major_kernel(GemvProblem<T> p) {
     }
   }
 
-  __shared__ float sums[kWarps][TOKENS * kColumns];
+  __shared__ float sums[WARPS][TOKENS * kColumns];
 #pragma unroll
   for (int m = 0; m < TOKENS; ++m) {
 #pragma unroll
@@ -258,41 +242,88 @@ __global__ void __launch_bounds__(kThreads) n_major_kernel(GemvProblem<T> p) {
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < TOKENS * kColumns; e += kThreads) {
-    store_sum(p, sums, e, e / kColumns, n0 + e % kColumns);
+  for (int e = threadIdx.x; e < TOKENS * kColumns; e += 32 * WARPS) {
+    add_and_store(p, sums, e, e / kColumns, n0 + e % kColumns);
   }
 }
 
-// Launches the kernel for up to TOKENS tokens, splitting K over blocks where N gives fewer
-// blocks than SMs, then the pass that adds the splits.
+// K-contiguous weight: blocks of kRowsPerBlock rows, splitting K where they are fewer than SMs,
+// then the pass that adds the splits.
 template <typename T, int TOKENS>
-void launch_gemv(const skinny::Rows& x, const at::Tensor& w, int64_t ldw, bool n_major,
-                 at::Tensor& out) {
-  const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
-  const int64_t columns = n_major ? kLanesPerRow * kVec<T> : kRowsPerBlock;
-  const int step = n_major ? kNMajorStep : 32 * kVec<T> * kVectorsPerRow<TOKENS>;
-  const int64_t blocks = ceil_div(N, columns);
-  const KSplit split = split_k(blocks, K, step, n_major ? step : int64_t{step} * kWarps,
-                               kMaxSplits);
-  at::Tensor partial;
-  if (split.splits > 1) partial = at::empty({split.splits, M, N}, out.options().dtype(at::kFloat));
-  const GemvProblem<T> problem{
-      static_cast<const T*>(w.data_ptr()), ldw, static_cast<const T*>(x.data.data_ptr()), x.ld,
-      static_cast<T*>(out.data_ptr()), split.splits > 1 ? partial.data_ptr<float>() : nullptr,
-      static_cast<int>(M), static_cast<int>(N), static_cast<int>(K), split.k_per_block};
-  const KernelLaunch launch(dim3(static_cast<unsigned>(blocks), split.splits), kThreads, 0);
+void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
+  constexpr int kStep = 32 * kVec<T> * kVectorsPerRow<TOKENS>;  // a warp's
+  const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock);
+  const skinny::SplitProduct<T> product(
+      x, w, out, split_k(blocks, x.data.size(1), kStep, int64_t{kStep} * kWarps, kMaxSplits));
+  const KernelLaunch launch(dim3(static_cast<unsigned>(blocks), product.splits()), kThreads, 0);
+  dispatch_bools(
+      [&](auto w_vector_c) {
+        launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value>, product.problem());
+      },
+      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld));
+  product.add_splits();
+}
+
+// N-contiguous weight, rows 16-byte aligned or not (W_VECTOR): blocks of WARPS warps, one per
+// 128-byte line of columns, splitting K where they would leave SMs idle (a block of 16 or 32
+// warps counts as 2 or 4 of 8 in split_k's rule), then the pass that adds the splits.
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS>
+void launch_n_major_blocks(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
+                           int64_t lines) {
+  constexpr int kStep = kNMajorStep<WARPS>;
+  const skinny::SplitProduct<T> product(
+      x, w, out, split_k(lines * WARPS / kWarps, x.data.size(1), kStep, kStep, kMaxSplits));
+  KernelLaunch(dim3(static_cast<unsigned>(lines), product.splits()), 32 * WARPS, 0)
+      .run(n_major_kernel<T, TOKENS, W_VECTOR, WARPS>, product.problem());
+  product.add_splits();
+}
+
+// Whether the blocks of WARPS warps, one per line, all fit on the SMs at once.
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS>
+bool lines_fit_one_wave(int64_t lines, int sms) {
+  const int per_sm = resident_blocks_per_sm(n_major_kernel<T, TOKENS, W_VECTOR, WARPS>,
+                                            32 * WARPS, 0);
+  return lines <= static_cast<int64_t>(per_sm) * sms;
+}
+
+// N-contiguous weight. The weight streams at the rate of the loads in flight, 64 bytes a lane per
+// step. At one or two tokens, where there are at least half as many 128-byte lines as SMs, blocks
+// take 32 or 16 warps, the most with which every line's block runs at once (one or two an SM):
+// more bytes in flight than 8 warps, and no K split, so no adding pass. Float32 on an H200, K =
+// 4096 (in a CUDA graph / L2 cleared before each call), against blocks of 8 warps: 4096 columns
+// (128 lines, 32 warps, where 8 split K in two) ran 1.11x / 1.10x as fast, 5120 and 6144 (16
+// warps) 1.17-1.27x / 1.11-1.17x, 8192 1.04-1.05x, and 4096 x 14336 1.03x / 1.06x; from 11008
+// columns blocks keep 8 warps. Past two tokens blocks of 16 warps ran up to 20% slower than 8
+// (4096 x 14336 at 7-8 tokens), and with fewer lines than half the SMs, where K splits either
+// way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8.
+template <typename T, int TOKENS>
+void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
+  const int64_t lines = ceil_div(out.size(1), kLanesPerRow * kVec<T>);
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   dispatch_bools(
       [&](auto w_vector_c) {
         constexpr bool kVector = decltype(w_vector_c)::value;
-        if (n_major) {
-          launch.run(n_major_kernel<T, TOKENS, kVector>, problem);
-        } else {
-          launch.run(k_major_kernel<T, TOKENS, kVector>, problem);
+        if constexpr (TOKENS <= 2) {
+          if (2 * lines >= sms) {
+            if (lines_fit_one_wave<T, TOKENS, kVector, 32>(lines, sms)) {
+              return launch_n_major_blocks<T, TOKENS, kVector, 32>(x, w, out, lines);
+            }
+            if (lines_fit_one_wave<T, TOKENS, kVector, 16>(lines, sms)) {
+              return launch_n_major_blocks<T, TOKENS, kVector, 16>(x, w, out, lines);
+            }
+          }
         }
+        launch_n_major_blocks<T, TOKENS, kVector, kWarps>(x, w, out, lines);
       },
-      skinny::rows_aligned<T>(w.data_ptr(), ldw));
-  if (split.splits > 1) {
-    sum_splits<T>(partial.data_ptr<float>(), M * N, split.splits, problem.out, M, N, N);
+      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld));
+}
+
+template <typename T, int TOKENS>
+void launch_gemv(const skinny::Rows& x, const skinny::Rows& w, bool n_major, at::Tensor& out) {
+  if (n_major) {
+    launch_n_major<T, TOKENS>(x, w, out);
+  } else {
+    launch_k_major<T, TOKENS>(x, w, out);
   }
 }
 
@@ -306,13 +337,13 @@ void skinny_gemv_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out
   const skinny::Rows w = n_major ? skinny::Rows{b, b.stride(0)} : skinny::weight(b);
   const int64_t M = a.size(0);
   if (M == 1) {
-    launch_gemv<T, 1>(x, w.data, w.ld, n_major, out);
+    launch_gemv<T, 1>(x, w, n_major, out);
   } else if (M == 2) {
-    launch_gemv<T, 2>(x, w.data, w.ld, n_major, out);
+    launch_gemv<T, 2>(x, w, n_major, out);
   } else if (M <= 4) {
-    launch_gemv<T, 4>(x, w.data, w.ld, n_major, out);
+    launch_gemv<T, 4>(x, w, n_major, out);
   } else {
-    launch_gemv<T, 8>(x, w.data, w.ld, n_major, out);
+    launch_gemv<T, 8>(x, w, n_major, out);
   }
 }
 
@@ -327,16 +358,19 @@ constexpr const char* kFewTokensOnly =
     "it is for one to eight rows of a (LLM decode of a few sequences) and takes M <= 8; use "
     "another algorithm (or 'auto') for larger M";
 
-// Where `auto` passes this rung over for the rungs below it. Back to back in a CUDA graph (H100,
-// weights rotated past L2; N x K of 1024 x 1024, 4096 x 4096, 14336 x 4096 and 4096 x 14336; one
-// run, decode.md has a later one):
-// - float32 at 1-4 tokens ran faster here than on rungs 10 and 11 (K-contiguous: 1.06-2.02x of
-//   torch.mm, where rung 10 ran at 0.72-1.33x; row-major: 0.93-2.51x, rung 11 0.85-2.29x), but
+// Where `auto` passes this rung over for the rungs below it. Back to back in a CUDA graph
+// (weights rotated past L2; N x K of 1024 x 1024, 4096 x 4096, 14336 x 4096 and 4096 x 14336;
+// decode.md has the tables):
+// - float32 at 1-4 tokens ran faster here than on rungs 10 and 11 (H100; K-contiguous: 1.06-2.02x
+//   of torch.mm, where rung 10 ran at 0.72-1.33x; row-major: 0.93-2.51x, rung 11 0.85-2.29x), but
 //   on row-major weights of more than 4096 output columns (N) at 4 tokens (N = 14336: 86.1
-//   against rung 11's 83.6 us; 3 tokens not measured). At 8 tokens it trailed rung 10 on the
-//   three larger K-contiguous weights by 2-21%; on row-major weights it was within 4% of rung 11
-//   (either way) on the two larger ones and ahead on the other two; with 5-7 tokens not
-//   measured, those stay on rung 11.
+//   against rung 11's 83.6 us).
+// - float32 at 5-8 tokens: on K-contiguous weights rung 10 was the faster on the three larger
+//   ones (H200: 19.3-19.6 against 26.7-27.2 us on 4096 x 4096). On row-major weights this rung
+//   was the faster up to 4096 columns (H200: 23.6-24.0 against rung 11's 27.1-27.5 us on
+//   4096 x 4096, 69.0-69.5 against 86.7-87.8 on 4096 x 14336, and ahead on 1024 x 1024), rung 11
+//   on 14336 columns (69.1-71.5 against 73.3-74.2). So row-major weights of up to 4096 columns
+//   stay here up to 8 tokens, wider ones up to 2.
 // - float32 row-major weights that rung 11 does not read in place (no sm_90a, or rows TMA cannot
 //   address) the rungs below copy K-contiguous or, from 1024 x 4096 elements, pass to rung 8,
 //   whose time has a floor of a 128-row tile's pass over K: rows one element off alignment took
@@ -348,10 +382,9 @@ constexpr const char* kFewTokensOnly =
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() != at::kFloat) return true;
   const bool row_major = skinny::row_major(b);
-  if (row_major && !(sm90a(a.device()) && skinny::n_major_in_place<float>(b))) return false;
-  const int64_t M = a.size(0);
-  if (M <= 2) return false;
-  return M > 4 || (row_major && b.size(1) > 4096);
+  if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
+  if (a.size(0) <= 2) return false;
+  return row_major ? b.size(1) > 4096 : a.size(0) > 4;
 }
 
 // The weight's streaming load asks L2 for 256 bytes, an sm_80 qualifier.

@@ -1,9 +1,11 @@
 // What the skinny rungs (10: mma.sync on any sm_80+, 11: TMA and wgmma on sm_90a, 12: CUDA-core
 // dot products) share: the operands as they read them (x [M, K] and the nn.Linear weight w [N, K],
-// both K-contiguous, or a weight stored row by row [K, N]) and their loads.
+// both K-contiguous, or a weight stored row by row [K, N]), the problem rungs 10 and 12 hand their
+// kernels with its K split, and their loads.
 #pragma once
 
 #include "common.cuh"
+#include "k_splits.cuh"
 
 #include <ATen/ops/empty.h>
 
@@ -64,6 +66,12 @@ bool n_major_in_place(const at::Tensor& b) {
          rows_aligned<T>(b.data_ptr(), b.stride(0));
 }
 
+// Whether rung 11 (on sm_90a) reads b in place N-major, for a's dtype.
+inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
+  return a.scalar_type() == at::kFloat ? n_major_in_place<float>(b)
+                                       : n_major_in_place<c10::Half>(b);
+}
+
 // Whether b [K, N] is a weight stored row-major (N-contiguous, x @ w for a w kept [in, out]),
 // which `weight` would copy K-contiguous. Rung 10 reads 16-bit ones in place.
 inline bool row_major(const at::Tensor& b) {
@@ -117,7 +125,80 @@ Rows tokens(const at::Tensor& a) {
   return padded_copy<T>(a);
 }
 
-// ---- Device helpers of the skinny rungs' loads ----------------------------------------------
+// The decode product out = x @ w as rungs 10 and 12 hand it to their kernels, blocks splitting K.
+template <typename T>
+struct Problem {
+  const T* w;  // K-contiguous: w[n][k] at w[n * ldw + k]; N-contiguous: w[k][n] at w[k * ldw + n]
+  int64_t ldw;
+  const T* x;  // x[m][k] at x[m * ldx + k]; rows 16-byte aligned
+  int64_t ldx;
+  T* out;          // [M][N], contiguous
+  float* partial;  // [gridDim.y][M][N] when blocks split K, else null
+  int M, N, K;
+  int64_t k_per_block;
+};
+
+// The Problem of x [M, K] times w into out [M, N], K split as `split` says: it owns the buffer
+// of the splits' partial sums, and add_splits, after the kernel, adds them into out.
+template <typename T>
+class SplitProduct {
+ public:
+  SplitProduct(const Rows& x, const Rows& w, at::Tensor& out, const KSplit& split)
+      : splits_(split.splits) {
+    const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
+    if (splits_ > 1) partial_ = at::empty({splits_, M, N}, out.options().dtype(at::kFloat));
+    problem_ = Problem<T>{static_cast<const T*>(w.data.data_ptr()),
+                          w.ld,
+                          static_cast<const T*>(x.data.data_ptr()),
+                          x.ld,
+                          static_cast<T*>(out.data_ptr()),
+                          splits_ > 1 ? partial_.data_ptr<float>() : nullptr,
+                          static_cast<int>(M),
+                          static_cast<int>(N),
+                          static_cast<int>(K),
+                          split.k_per_block};
+  }
+
+  const Problem<T>& problem() const { return problem_; }
+  int splits() const { return splits_; }
+
+  // The pass that adds the splits in order, where there are several (k_splits.cuh).
+  void add_splits() const {
+    if (splits_ == 1) return;
+    const int64_t MN = static_cast<int64_t>(problem_.M) * problem_.N;
+    sum_splits<T>(problem_.partial, MN, splits_, problem_.out, problem_.M, problem_.N, problem_.N);
+  }
+
+ private:
+  int splits_;
+  at::Tensor partial_;
+  Problem<T> problem_{};
+};
+
+// ---- Device helpers of the skinny rungs: loads and stores ----------------------------------
+
+// Stores output (m, n)'s sum over this block's k range: into out, or, where blocks split K, into
+// this block's split of the partial sums.
+template <typename T>
+__device__ __forceinline__ void store_sum(const Problem<T>& p, int m, int n, float sum) {
+  const int64_t at = static_cast<int64_t>(m) * p.N + n;
+  if (p.partial != nullptr) {
+    p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
+  } else {
+    p.out[at] = static_cast<T>(sum);
+  }
+}
+
+// Consecutive elements of a row from p, as many as Q holds, of which `left` lie inside the
+// matrix: element by element with zeros past the end, where a vector load cannot take them.
+template <typename Q, typename E>
+__device__ __forceinline__ Q load_elements(const E* p, int left) {
+  constexpr int kElems = sizeof(Q) / sizeof(E);
+  Vec<E, kElems> v;
+#pragma unroll
+  for (int e = 0; e < kElems; ++e) v.v[e] = e < left ? p[e] : E(0);
+  return *reinterpret_cast<const Q*>(&v);
+}
 
 // One 16-byte load that bypasses L1 and asks L2 to fetch the surrounding 256 bytes: for the
 // weight, which every block reads once.
@@ -138,10 +219,7 @@ __device__ __forceinline__ uint4 load_row(const E* p, int left) {
   if (VECTOR && left >= kVec) {
     return STREAMING ? load_streaming(p) : __ldg(reinterpret_cast<const uint4*>(p));
   }
-  Vec<E, kVec> v;
-#pragma unroll
-  for (int e = 0; e < kVec; ++e) v.v[e] = e < left ? p[e] : E(0);
-  return *reinterpret_cast<const uint4*>(&v);
+  return load_elements<uint4>(p, left);
 }
 
 // Word i of a vector held in registers.
