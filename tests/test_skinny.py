@@ -328,7 +328,7 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
     for m, n, k in [(1, 4096, 1000), (3, 129, 4104), (8, 72, 136), (2, 1000, 72), (4, 33, 8200),
-                    (1, 17000, 264), (2, 6144, 264), (1, 8000, 1000)]:
+                    (1, 17000, 264), (2, 6144, 264), (1, 8000, 1000), (1, 12000, 264)]:
         x = random_matrix(m, k, dtype, "cuda")  # k % 8 == 0: rows 16-byte aligned, never copied
         lines = -(-n * x.element_size() // 128)
         n_major = "n_major_kernel"

@@ -288,14 +288,16 @@ bool lines_fit_one_wave(int64_t lines, int sms) {
 
 // N-contiguous weight. The weight streams at the rate of the loads in flight, 64 bytes a lane per
 // step. At one or two tokens, where there are at least half as many 128-byte lines as SMs, blocks
-// take 32 or 16 warps, the most with which every line's block runs at once (one or two an SM):
-// more bytes in flight than 8 warps, and no K split, so no adding pass. Float32 on an H200, K =
-// 4096 (in a CUDA graph / L2 cleared before each call), against blocks of 8 warps: 4096 columns
-// (128 lines, 32 warps, where 8 split K in two) ran 1.11x / 1.10x as fast, 5120 and 6144 (16
-// warps) 1.17-1.27x / 1.11-1.17x, 8192 1.04-1.05x, and 4096 x 14336 1.03x / 1.06x; from 11008
-// columns blocks keep 8 warps. Past two tokens blocks of 16 warps ran up to 20% slower than 8
-// (4096 x 14336 at 7-8 tokens), and with fewer lines than half the SMs, where K splits either
-// way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8.
+// take 32 or 16 warps, the most with which every line's block runs at once (one or two an SM): more
+// bytes in flight than 8 warps, and no K split, so no adding pass. Float32 on an H200, K = 4096 (in
+// a CUDA graph / L2 cleared before each call), against blocks of 8 warps: 4096 columns (128 lines,
+// 32 warps, where 8 split K in two) ran 1.11x / 1.10x as fast, 5120 and 6144 (16 warps) 1.17-1.27x
+// / 1.11-1.17x, 8192 1.04-1.05x, and 4096 x 14336 1.03x / 1.06x; from 11008 columns blocks keep 8
+// warps. From 66 to 127 lines (2081-4064 columns) 32 warps leave some SMs idle where 8 with a K
+// split would fill them, with as many warps or fewer; not measured against 8 there, 2112 and 3072
+// columns ran at 1.05-1.30x of torch.mm at one token. Past two tokens blocks of 16 warps ran up to
+// 20% slower than 8 (4096 x 14336 at 7-8 tokens), and with fewer lines than half the SMs, where K
+// splits either way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8.
 template <typename T, int TOKENS>
 void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
   const int64_t lines = ceil_div(out.size(1), kLanesPerRow * kVec<T>);
