@@ -1,4 +1,4 @@
-// The second pass of a K split on the CUDA cores (rungs 8 and 10): each split leaves its float32
+// The second pass of a K split on the CUDA cores (rungs 8, 10, 12): each split leaves its float32
 // sums in its own slice of a buffer (M x N, row-major, slices `slice` elements apart), and this
 // pass adds them in split order into the output, through the epilogue where it has one. No
 // atomics, so the result is the same bits on every run.
