@@ -18,8 +18,9 @@ from conftest import (assert_matches_reference, capture_graph, gpu_available, ke
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
-# float32 with TF32 allowed runs in tf32 wgmma where A is row-major (row, col: the nn.Linear layout;
-# row, row: transposed, B from registers) and takes rung 8's kernel in the others.
+# float32 with TF32 allowed runs in tf32 wgmma where A or B is K-major (row, col: the nn.Linear
+# layout; col, col: A from registers; row, row: transposed, B from registers) and takes rung 8's
+# kernel in the other (col, row).
 TF32 = pytest.param(torch.float32, marks=pytest.mark.tf32, id="float32-tf32")
 DTYPES = [torch.float16, torch.bfloat16, TF32]
 
@@ -66,24 +67,27 @@ def product_kernels(run):
 @needs_sm90
 @pytest.mark.parametrize("allow_tf32", [True, False])
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
-def test_float32_runs_in_tf32_where_a_is_row_major(allow_tf32, a_layout, b_layout):
-    """float32 takes tf32 wgmma only where the user allows TF32 and A is K-major: x @ w.t() as it
-    is, a row-major product transposed (a tile shape stored transposed, B^T the M-major operand
-    that goes to wgmma from registers); otherwise rung 8's kernel, which with TF32 off keeps
-    float32's accuracy (3xTF32). auto follows the same choice."""
+def test_float32_runs_in_tf32_where_an_operand_is_k_major(allow_tf32, a_layout, b_layout):
+    """float32 takes tf32 wgmma only where the user allows TF32 and A or B is K-major: x @ w.t()
+    as it is, A transposed against a K-major B as it is (A the M-major operand that goes to
+    wgmma from registers), a row-major product transposed (a tile shape stored transposed, B^T
+    the operand in registers); otherwise rung 8's kernel, which with TF32 off keeps float32's
+    accuracy (3xTF32). auto follows the same choice."""
     torch.manual_seed(0)
     a, b = padded_view(300, 1000, a_layout, torch.float32), padded_view(1000, 500, b_layout,
                                                                       torch.float32)
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     try:
-        wgmma_reads = allow_tf32 and a_layout == "row"
+        wgmma_reads = allow_tf32 and (a_layout == "row" or b_layout == "col")
         names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
         expected = "wgmma_kernel" if wgmma_reads else "tensor_core_kernel"
         assert len(names) == 1 and expected in names[0] and "float" in names[0], names
         if wgmma_reads:
             transposed = b_layout == "row"
+            a_in_registers = a_layout == "col" or transposed
             assert (", true>, float, false, true," in names[0]) == transposed, names
+            assert (", float, false, true," in names[0]) == a_in_registers, names
         assert mmv.auto_choice(a, b) == (ALGORITHM if wgmma_reads else "tensor_core")
         assert_matches_reference(a, b, ALGORITHM)
     finally:

@@ -69,16 +69,17 @@
 // the input dtype into a swizzled staging buffer and stores it with TMA, so the consumers start
 // the next tile while the copy engine writes the last one.
 //
-// float32 runs in TF32 where the user allows it for matmuls (as for rung 8), with A row-major.
-// tf32 wgmma has no transposes: it reads K-major tiles only from shared memory, but takes its A
-// operand from registers in any layout. A stage still holds one 128-byte swizzle row of K per
-// tile row, 32 floats where it held 64 16-bit elements, and a k8 tf32 wgmma takes as long as a
-// k16 one at half the multiply-adds: the pipeline, the tile shapes and the planner (which counts
-// K in steps) are those of 16 bits. The nn.Linear layout (x @ w.t()) runs as it is; a row-major
-// B runs transposed, C^T = B^T A^T, with B^T's fragments loaded into registers and rounded to
-// the nearest tf32 (load_a_fragment) and each tile stored transposed (StoredTransposed). The
-// transposed token tiles stay 16-bit only. float32 with A transposed, and float32 with TF32 off,
-// take rung 8's kernel (TF32 mma.sync, or 3xTF32 for float32's accuracy).
+// float32 runs in TF32 where the user allows it for matmuls (as for rung 8), with one operand
+// K-major. tf32 wgmma has no transposes: it reads K-major tiles only from shared memory, but takes
+// its A operand from registers in any layout. A stage still holds one 128-byte swizzle row of K per
+// tile row, 32 floats where it held 64 16-bit elements, and a k8 tf32 wgmma takes as long as a k16
+// one at half the multiply-adds: the pipeline, the tile shapes and the planner (which counts K in
+// steps) are those of 16 bits. The nn.Linear layout (x @ w.t()) runs as it is, and so does an A
+// stored transposed against a K-major B (a.t() @ w.t()), A's fragments loaded into registers and
+// rounded to the nearest tf32 (load_a_fragment); a row-major B runs transposed, C^T = B^T A^T, B^T
+// the operand in registers and each tile stored transposed (StoredTransposed). The transposed token
+// tiles stay 16-bit only. float32 with neither operand K-major (a.t() @ w), and float32 with TF32
+// off, take rung 8's kernel (TF32 mma.sync, or 3xTF32 for float32's accuracy).
 //
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
@@ -1372,12 +1373,12 @@ void dispatch_wgmma_dtype(at::ScalarType dtype, F&& f) {
 
 // Whether this rung multiplies operands of a dtype and layout that TMA can address (16-byte
 // aligned): 16-bit ones in any layout, float32 in TF32 where the user allows it for matmuls
-// (torch.backends.cuda.matmul.allow_tf32, as torch.mm) and where A is K-major (row-major).
-// tf32 wgmma reads K-major tiles from shared memory and takes A from registers in any layout:
-// the nn.Linear layout (x @ w.t()) runs as it is, a row-major B transposed (stored_transposed).
-bool wgmma_takes(bool float32, bool a_k_major, bool tma_aligned) {
+// (torch.backends.cuda.matmul.allow_tf32, as torch.mm) and where A or B is K-major. tf32 wgmma
+// reads K-major tiles from shared memory and takes A from registers in any layout: B K-major
+// runs as it is, a row-major B against a row-major A transposed (stored_transposed).
+bool wgmma_takes(bool float32, bool a_k_major, bool b_k_major, bool tma_aligned) {
   if (!float32) return tma_aligned;
-  return tma_aligned && a_k_major && at::globalContext().allowTF32CuBLAS();
+  return tma_aligned && (a_k_major || b_k_major) && at::globalContext().allowTF32CuBLAS();
 }
 
 // float32's row-major product C = A B as C^T = B^T A^T, stored transposed: B [K, N] (N-major)
@@ -1407,9 +1408,10 @@ void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&
       using G = decltype(g);
       constexpr bool kFloat32 = std::is_same_v<T, float>;
       constexpr bool kAKMajor = decltype(G::a)::k_contiguous;
-      if constexpr (!kFloat32 || kAKMajor) {
-        if (wgmma_takes(kFloat32, kAKMajor, g.a.aligned(16) && g.b.aligned(16))) {
-          if constexpr (kFloat32 && !kBothKMajor<G>) {
+      constexpr bool kBKMajor = decltype(G::b)::k_contiguous;
+      if constexpr (!kFloat32 || kAKMajor || kBKMajor) {
+        if (wgmma_takes(kFloat32, kAKMajor, kBKMajor, g.a.aligned(16) && g.b.aligned(16))) {
+          if constexpr (kFloat32 && !kBKMajor) {
             return f(stored_transposed(g));
           } else {
             return f(g);
@@ -1463,7 +1465,8 @@ bool float32_runs_on_rung8(const at::Tensor& a, const at::Tensor& b) {
   const auto unit_stride = [](const at::Tensor& t) { return is_row_major(t) || is_col_major(t); };
   if (!unit_stride(a) || !unit_stride(b)) return true;
   const Operand<float> A = operand_of<float>(a), B = operand_of<float>(b);
-  return !wgmma_takes(true, !A.col_major, vector_aligned(A, 16) && vector_aligned(B, 16));
+  return !wgmma_takes(true, !A.col_major, B.col_major,
+                      vector_aligned(A, 16) && vector_aligned(B, 16));
 }
 
 MM_VARIANTS_REGISTER({"wgmma", c10::kCUDA, 9, {at::kHalf, at::kBFloat16, at::kFloat}, &wgmma,

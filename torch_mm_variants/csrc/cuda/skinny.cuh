@@ -55,27 +55,24 @@ inline Rows weight(const at::Tensor& b) {
   return {w, N == 1 ? 0 : w.stride(0)};
 }
 
-// Whether b [K, N] is a row-major weight (N-contiguous: x @ w for a w stored [in, out]) whose
-// rows TMA can address in place (16-byte aligned, none overlapping): rung 11 reads its tiles
-// N-major, where a K-contiguous copy would take longer than the product. A single row or column
-// is K-contiguous (weight) either way.
+// Whether b [K, N] is a weight stored row-major (N-contiguous, x @ w for a w kept [in, out]),
+// which `weight` would copy K-contiguous. Rung 10 reads 16-bit ones in place.
+inline bool row_major(const at::Tensor& b) {
+  return b.size(0) > 1 && b.size(1) > 1 && b.stride(1) == 1 && b.stride(0) != 1;
+}
+
+// Whether b is a row-major weight whose rows TMA can address in place (16-byte aligned, none
+// overlapping): rung 11 reads its tiles N-major, where a K-contiguous copy would take longer than
+// the product.
 template <typename T>
 bool n_major_in_place(const at::Tensor& b) {
-  const int64_t K = b.size(0), N = b.size(1);
-  return K > 1 && N > 1 && b.stride(1) == 1 && b.stride(0) >= N &&
-         rows_aligned<T>(b.data_ptr(), b.stride(0));
+  return row_major(b) && b.stride(0) >= b.size(1) && rows_aligned<T>(b.data_ptr(), b.stride(0));
 }
 
 // Whether rung 11 (on sm_90a) reads b in place N-major, for a's dtype.
 inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
   return a.scalar_type() == at::kFloat ? n_major_in_place<float>(b)
                                        : n_major_in_place<c10::Half>(b);
-}
-
-// Whether b [K, N] is a weight stored row-major (N-contiguous, x @ w for a w kept [in, out]),
-// which `weight` would copy K-contiguous. Rung 10 reads 16-bit ones in place.
-inline bool row_major(const at::Tensor& b) {
-  return b.size(0) > 1 && b.size(1) > 1 && b.stride(1) == 1 && b.stride(0) != 1;
 }
 
 // Whether b [K, N] is a weight stored row-major that rung 8 multiplies faster than rung 10 (on
