@@ -18,9 +18,9 @@ from conftest import (assert_matches_reference, capture_graph, gpu_available, ke
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
-# float32 with TF32 allowed runs in tf32 wgmma where A or B is K-major (row, col: the nn.Linear
-# layout; col, col: A from registers; row, row: transposed, B from registers) and takes rung 8's
-# kernel in the other (col, row).
+# float32 with TF32 allowed runs in tf32 wgmma in every layout (row, col: the nn.Linear layout;
+# col, col: A from registers; row, row: transposed, B from registers; col, row: the smaller
+# operand copied K-major first) and with TF32 off takes rung 8's kernel.
 TF32 = pytest.param(torch.float32, marks=pytest.mark.tf32, id="float32-tf32")
 DTYPES = [torch.float16, torch.bfloat16, TF32]
 
@@ -67,28 +67,64 @@ def product_kernels(run):
 @needs_sm90
 @pytest.mark.parametrize("allow_tf32", [True, False])
 @pytest.mark.parametrize("a_layout,b_layout", LAYOUTS)
-def test_float32_runs_in_tf32_where_an_operand_is_k_major(allow_tf32, a_layout, b_layout):
-    """float32 takes tf32 wgmma only where the user allows TF32 and A or B is K-major: x @ w.t()
-    as it is, A transposed against a K-major B as it is (A the M-major operand that goes to
-    wgmma from registers), a row-major product transposed (a tile shape stored transposed, B^T
-    the operand in registers); otherwise rung 8's kernel, which with TF32 off keeps float32's
-    accuracy (3xTF32). auto follows the same choice."""
+def test_float32_runs_in_tf32_where_allowed(allow_tf32, a_layout, b_layout):
+    """float32 takes tf32 wgmma only where the user allows TF32: x @ w.t() as it is, A
+    transposed against a K-major B as it is (A the M-major operand that goes to wgmma from
+    registers), a row-major product transposed (a tile shape stored transposed, B^T the operand
+    in registers), and with neither operand K-major the smaller one (here A) copied K-major
+    first, then transposed as a row-major product. With TF32 off rung 8's kernel keeps
+    float32's accuracy (3xTF32). auto follows the same choice."""
     torch.manual_seed(0)
     a, b = padded_view(300, 1000, a_layout, torch.float32), padded_view(1000, 500, b_layout,
                                                                       torch.float32)
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = allow_tf32
     try:
-        wgmma_reads = allow_tf32 and (a_layout == "row" or b_layout == "col")
+        wgmma_reads = allow_tf32
         names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
         expected = "wgmma_kernel" if wgmma_reads else "tensor_core_kernel"
         assert len(names) == 1 and expected in names[0] and "float" in names[0], names
         if wgmma_reads:
-            transposed = b_layout == "row"
+            transposed = b_layout == "row"  # the copied A is row-major
             a_in_registers = a_layout == "col" or transposed
             assert (", true>, float, false, true," in names[0]) == transposed, names
             assert (", float, false, true," in names[0]) == a_in_registers, names
         assert mmv.auto_choice(a, b) == (ALGORITHM if wgmma_reads else "tensor_core")
+        assert_matches_reference(a, b, ALGORITHM)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@needs_sm90
+@pytest.mark.tf32
+@pytest.mark.parametrize("m,n,k,copied", [
+    (300, 500, 1000, "a"),   # A the smaller: copied row-major, then computed transposed
+    (500, 300, 1000, "b"),   # B the smaller: copied K-major, then A from registers
+    (400, 400, 64, "a"),     # a tie copies A
+    (300, 1, 1000, "a"),     # a single column of B is N-major however it is copied
+    (300, 500, 1001, None),  # rows of K floats not 16-byte aligned: rung 8 in place
+])
+def test_float32_copies_one_operand_where_neither_is_k_major(m, n, k, copied):
+    """a.t() @ x (a weight's gradient) has neither operand K-major, which tf32 wgmma needs of one:
+    the smaller is copied K-major first, unless TMA could not address the copy or the other
+    operand, where rung 8 multiplies them in place."""
+    torch.manual_seed(0)
+    a = random_matrix(k, m, torch.float32, "cuda").t()
+    b = random_matrix(k, max(n, 4), torch.float32, "cuda")[:, :n]  # rows 16-byte aligned
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
+        assert len(names) == 1, names
+        if copied is None:
+            assert "tensor_core_kernel" in names[0], names
+        else:
+            assert "wgmma_kernel" in names[0], names
+            # a copied A [M, K] is row-major: the product runs transposed, B^T from registers
+            stored_transposed = copied == "a"
+            assert (", true>, float, false, true," in names[0]) == stored_transposed, names
+        if n > 1:
+            assert mmv.auto_choice(a, b) == (ALGORITHM if copied else "tensor_core")
         assert_matches_reference(a, b, ALGORITHM)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous

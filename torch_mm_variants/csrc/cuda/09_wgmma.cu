@@ -78,8 +78,9 @@
 // stored transposed against a K-major B (a.t() @ w.t()), A's fragments loaded into registers and
 // rounded to the nearest tf32 (load_a_fragment); a row-major B runs transposed, C^T = B^T A^T, B^T
 // the operand in registers and each tile stored transposed (StoredTransposed). The transposed token
-// tiles stay 16-bit only. float32 with neither operand K-major (a.t() @ w), and float32 with TF32
-// off, take rung 8's kernel (TF32 mma.sync, or 3xTF32 for float32's accuracy).
+// tiles stay 16-bit only. Where neither operand is K-major (a.t() @ w), the smaller one is copied
+// K-major first (k_major_copy). float32 with TF32 off takes rung 8's kernel (3xTF32 for float32's
+// accuracy).
 //
 // TMA needs 16-byte aligned base addresses and leading dimensions: other views take rung 8's
 // kernel instead. The kernel exists only in the sm_90a build (-gencode arch=compute_90a,
@@ -1396,12 +1397,42 @@ StoredTransposed<Gemm<T, false, true>> stored_transposed(const Gemm<T, true, fal
   return t;
 }
 
+// The operand that float32 in TF32 copies K-major first where neither is: a stored transposed
+// (M-contiguous) against a row-major b (N-contiguous), as a weight's gradient dy.t() @ x is.
+// tf32 wgmma reads K-major tiles only. The smaller one is copied (a at a tie, and always where
+// b is a single column, which stays N-major), if the other one and the copy's rows (K floats)
+// are aligned for TMA; the product then runs in one of the layouts above. On an H200 (copy
+// included, torch.mm beside, wgmma.md has the table) that ran 1.03-1.18x as fast as torch.mm from
+// 4096^3 up and 0.66-0.90x on squares of 256-2048, where rung 8 in place ran 0.74-0.77x and
+// 0.37-0.82x.
+enum class KMajorCopy { kNone, kA, kB };
+
+KMajorCopy k_major_copy(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != at::kFloat || !at::globalContext().allowTF32CuBLAS()) {
+    return KMajorCopy::kNone;
+  }
+  if (is_row_major(a) || !is_col_major(a) || !is_row_major(b)) return KMajorCopy::kNone;
+  const bool copy_a = a.numel() <= b.numel() || b.size(1) == 1;
+  const Operand<float> kept = operand_of<float>(copy_a ? b : a);
+  if (a.size(1) % 4 != 0 || !vector_aligned(kept, 16)) return KMajorCopy::kNone;
+  return copy_a ? KMajorCopy::kA : KMajorCopy::kB;
+}
+
 // Calls f(gemm) for out = a @ b where wgmma_takes the operands (float32's row-major product
-// transposed); other views and layouts go to rung 8 (`fallback(tensor_core)`), never to a copy
-// engine fault. Rung 8 runs float32 in TF32 or, with TF32 off, in 3xTF32.
+// transposed, and where neither operand is K-major one copied first: k_major_copy); other views
+// and layouts go to rung 8 (`fallback(tensor_core)`), never to a copy engine fault. Rung 8 runs
+// float32 in TF32 or, with TF32 off, in 3xTF32.
 template <typename F, typename Fallback>
 void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&& f,
                    Fallback&& fallback) {
+  switch (k_major_copy(a, b)) {
+    case KMajorCopy::kA:
+      return with_tma_gemm(a.contiguous(), b, out, f, fallback);
+    case KMajorCopy::kB:
+      return with_tma_gemm(a, b.t().contiguous().t(), out, f, fallback);
+    case KMajorCopy::kNone:
+      break;
+  }
   dispatch_wgmma_dtype(a.scalar_type(), [&](auto dtype) {
     using T = decltype(dtype);
     with_gemm<T>(a, b, out, [&](auto g) {
@@ -1461,7 +1492,7 @@ void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilo
 // and which takes a whole bmm batch in one launch. Operands with general strides, which
 // with_gemm copies first, count as run there too.
 bool float32_runs_on_rung8(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != at::kFloat) return false;
+  if (a.scalar_type() != at::kFloat || k_major_copy(a, b) != KMajorCopy::kNone) return false;
   const auto unit_stride = [](const at::Tensor& t) { return is_row_major(t) || is_col_major(t); };
   if (!unit_stride(a) || !unit_stride(b)) return true;
   const Operand<float> A = operand_of<float>(a), B = operand_of<float>(b);
