@@ -44,6 +44,30 @@ def test_bench_csv_and_algorithm_subset(tmp_path):
     assert all(r["device_name"].startswith("CPU (") for r in rows)
 
 
+@pytest.mark.parametrize("weight_layout", [False, True])
+def test_bench_a_transposed_times_that_layout(weight_layout, tmp_path, capsys, monkeypatch):
+    """--a-transposed hands every algorithm and torch.mm a = x.t() for an x [K, M] (with
+    --weight-layout also b = w.t()), names it in the table's title, and checks every result."""
+    layouts = set()
+    product = mmv.matmul
+
+    def matmul(a, b, algorithm="auto"):
+        layouts.add((a.stride(0) == 1 and a.stride(1) == a.size(0),
+                     b.stride(0) == 1 and b.stride(1) == b.size(0)))
+        return product(a, b, algorithm)
+    monkeypatch.setattr(mmv, "matmul", matmul)
+    out = tmp_path / "rows.json"
+    argv = ["--device", "cpu", "--sizes", "20x9x70", "--algorithms", "naive,parallel",
+            "--repeat", "2", "--a-transposed", "--output", str(out)]
+    assert bench.main(argv + (["--weight-layout"] if weight_layout else [])) == 0
+    assert layouts == {(True, weight_layout)}
+    rows = json.loads(out.read_text())
+    assert [r["algorithm"] for r in rows] == ["naive", "parallel", "torch.mm"]
+    assert all(r["ok"] and r["ms"] > 0 for r in rows)
+    b_form = "b = w.t(), w [9, 70]" if weight_layout else "b [70, 9]"
+    assert f"## 20x9x70 (M x N x K, a = x.t(), x [70, 20], {b_form})" in capsys.readouterr().out
+
+
 def raising_on(name):
     """mmv.matmul, but raising as a kernel's TORCH_CHECK does for `name` (a message with the C++
     frames on the lines below its first)."""

@@ -4,6 +4,7 @@
     python -m torch_mm_variants.bench --device cpu --sizes 1024,2048 --output cpu.json
     python -m torch_mm_variants.bench --dtype bfloat16 --sizes 4096x14336x4096 --algorithms auto
     python -m torch_mm_variants.bench --dtype bfloat16 --algorithms wgmma --rounds 3  # spread
+    python -m torch_mm_variants.bench --tf32 --a-transposed  # dy.t() @ x, a weight's gradient
 
 For each size, each algorithm's result on every input set is first compared with a float64
 reference (the worst relative error is reported), then timed (median after warm-up: device
@@ -87,14 +88,15 @@ def parse_size(text: str) -> tuple[int, int, int]:
     raise argparse.ArgumentTypeError(f"size {text!r} is neither N nor MxNxK")
 
 
-def make_inputs(m, n, k, dtype, device, sets, weight_layout=False):
+def make_inputs(m, n, k, dtype, device, sets, weight_layout=False, a_transposed=False):
     """`sets` random (a, b) pairs; with weight_layout, b is w.t() for a weight w [N, K], as in
-    nn.Linear."""
-    def b_matrix():
-        if weight_layout:
-            return torch.randn(n, k, device=device).to(dtype).t()
-        return torch.randn(k, n, device=device).to(dtype)
-    return [(torch.randn(m, k, device=device).to(dtype), b_matrix()) for _ in range(sets)]
+    nn.Linear; with a_transposed, a is x.t() for an x [K, M], as in a weight's gradient
+    dy.t() @ x."""
+    def matrix(rows, cols, transposed):
+        if transposed:
+            return torch.randn(cols, rows, device=device).to(dtype).t()
+        return torch.randn(rows, cols, device=device).to(dtype)
+    return [(matrix(m, k, a_transposed), matrix(k, n, weight_layout)) for _ in range(sets)]
 
 
 def input_sets_needed(m, n, k, dtype, device) -> int:
@@ -259,9 +261,9 @@ def progress(message: str) -> None:
 
 
 def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
-               weight_layout=False) -> list[Row]:
+               weight_layout=False, a_transposed=False) -> list[Row]:
     inputs = make_inputs(m, n, k, dtype, device, input_sets_needed(m, n, k, dtype, device),
-                         weight_layout)
+                         weight_layout, a_transposed)
     a0, b0 = inputs[0]
     # Every set's product is checked, not the first only: the timed calls run on all of them.
     references = [a.double() @ b.double() for a, b in inputs]
@@ -451,6 +453,9 @@ def parse_args(argv=None):
                         "CUDA only)")
     p.add_argument("--weight-layout", action="store_true",
                    help="b is w.t() for an nn.Linear weight w [N, K] instead of a row-major [K, N]")
+    p.add_argument("--a-transposed", action="store_true",
+                   help="a is x.t() for an x [K, M] (as in a weight's gradient dy.t() @ x) "
+                        "instead of a row-major [M, K]")
     p.add_argument("--rounds", type=positive_int, default=1,
                    help="run every measurement this many times and summarize the spread")
     p.add_argument("--output", default=None, help="write the rows to this .json or .csv file")
@@ -493,7 +498,7 @@ def main(argv=None) -> int:
         for round_ in range(1, args.rounds + 1):
             for m, n, k in sizes:
                 rows = bench_size(m, n, k, dtype, device, names, args.repeat, args.tf32,
-                                  args.weight_layout)
+                                  args.weight_layout, args.a_transposed)
                 all_rows += report(rows, (m, n, k), round_, args)
     except ContextLost as error:  # its shape's rows so far, then what the run has, are written
         lost = error
@@ -514,9 +519,10 @@ def report(rows: list[Row], size, round_: int, args) -> list[Row]:
     m, n, k = size
     for r in rows:
         r.round = round_
+    a_form = f"a = x.t(), x [{k}, {m}], " if args.a_transposed else ""
     b_form = f"b = w.t(), w [{n}, {k}]" if args.weight_layout else f"b [{k}, {n}]"
     of_rounds = f", round {round_} of {args.rounds}" if args.rounds > 1 else ""
-    print(f"\n## {m}x{n}x{k} (M x N x K, {b_form}{of_rounds})\n")
+    print(f"\n## {m}x{n}x{k} (M x N x K, {a_form}{b_form}{of_rounds})\n")
     print(format_table(rows), flush=True)
     return rows
 
