@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
-                      launched_kernels, random_matrix, sm90a_available)
+from conftest import (assert_matches_reference, assert_result, capture_graph, gpu_available,
+                      kernel_sass, launched_kernels, random_matrix, sm90a_available, tolerance_for)
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -128,6 +128,34 @@ def test_float32_copies_one_operand_where_neither_is_k_major(m, n, k, copied):
         assert_matches_reference(a, b, ALGORITHM)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+@needs_sm90
+@pytest.mark.tf32
+def test_float32_multiplies_in_place_where_the_copy_finds_no_memory():
+    """The K-major copy of a.t() @ x is memory the product itself does not need: where the
+    allocator has none left for it, rung 8 multiplies the operands in place rather than the call
+    failing, and with memory again the copy returns. A per-process limit leaves room for the
+    16 MB output but not for a 16 MB copy."""
+    torch.manual_seed(0)
+    a = random_matrix(2048, 2048, torch.float32, "cuda").t()
+    b = random_matrix(2048, 2048, torch.float32, "cuda")
+    device = a.device
+    assert "wgmma_kernel" in product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))[0]
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    limit = torch.cuda.memory_reserved(device) + 24 * 2**20
+    torch.cuda.set_per_process_memory_fraction(
+        limit / torch.cuda.get_device_properties(device).total_memory, device)
+    outs = []
+    try:
+        names = product_kernels(lambda: outs.append(mmv.matmul(a, b, ALGORITHM)))
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, device)
+    assert len(names) == 1 and "tensor_core_kernel" in names[0], names
+    assert_result(outs[0], a.double() @ b.double(), a.dtype, device,
+                  tolerance_for(a.dtype, device))
+    assert "wgmma_kernel" in product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))[0]
 
 
 @needs_sm90

@@ -1418,6 +1418,17 @@ KMajorCopy k_major_copy(const at::Tensor& a, const at::Tensor& b) {
   return copy_a ? KMajorCopy::kA : KMajorCopy::kB;
 }
 
+// t copied row-major, or nothing where the allocator has no memory left for it: the copy is
+// memory the product itself does not need, and rung 8 can multiply the operands in place instead
+// of the call failing.
+std::optional<at::Tensor> row_major_copy_if_memory(const at::Tensor& t) {
+  try {
+    return t.contiguous();
+  } catch (const c10::OutOfMemoryError&) {
+    return std::nullopt;
+  }
+}
+
 // Calls f(gemm) for out = a @ b where wgmma_takes the operands (float32's row-major product
 // transposed, and where neither operand is K-major one copied first: k_major_copy); other views
 // and layouts go to rung 8 (`fallback(tensor_core)`), never to a copy engine fault. Rung 8 runs
@@ -1425,13 +1436,14 @@ KMajorCopy k_major_copy(const at::Tensor& a, const at::Tensor& b) {
 template <typename F, typename Fallback>
 void with_tma_gemm(const at::Tensor& a, const at::Tensor& b, at::Tensor& out, F&& f,
                    Fallback&& fallback) {
-  switch (k_major_copy(a, b)) {
-    case KMajorCopy::kA:
-      return with_tma_gemm(a.contiguous(), b, out, f, fallback);
-    case KMajorCopy::kB:
-      return with_tma_gemm(a, b.t().contiguous().t(), out, f, fallback);
-    case KMajorCopy::kNone:
-      break;
+  const KMajorCopy copy = k_major_copy(a, b);
+  if (copy != KMajorCopy::kNone) {
+    const bool copy_a = copy == KMajorCopy::kA;
+    // b is copied as b^T row-major, i.e. b column-major (K-contiguous)
+    const std::optional<at::Tensor> copied = row_major_copy_if_memory(copy_a ? a : b.t());
+    if (!copied) return fallback(find_algorithm(a.device(), "tensor_core"));
+    return copy_a ? with_tma_gemm(*copied, b, out, f, fallback)
+                  : with_tma_gemm(a, copied->t(), out, f, fallback);
   }
   dispatch_wgmma_dtype(a.scalar_type(), [&](auto dtype) {
     using T = decltype(dtype);
