@@ -122,6 +122,51 @@ def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
 
 
 @pytest.mark.parametrize("device", devices())
+def test_batch_against_a_shared_b_runs_as_one_product(device):
+    """Against a shared b (2-D, or 3-D of batch stride 0), a batch whose entries' rows follow one
+    another at one stride (contiguous, or one row each in any layout) is one product of all its
+    rows: auto chooses for that product, as explain_auto reports, and the result is that
+    product's, bit for bit. Entries stored apart choose on their first entry, as before."""
+    torch.manual_seed(0)
+    w = torch.randn(40, 24, device=device)
+    contiguous = torch.randn(4, 5, 24, device=device)
+    one_row = torch.randn(24, 6, device=device).t().unsqueeze(1)  # [6, 1, 24], rows 1 apart
+    for a, rows in [(contiguous, contiguous.reshape(20, 24)), (one_row, one_row[:, 0])]:
+        for b in [w.t(), w.t().expand(a.shape[0], 24, 40)]:
+            assert mmv.explain_auto(a, b)["bucket"] == mmv.explain_auto(rows, w.t())["bucket"]
+            out = mmv.matmul(a, b)
+            assert out.shape == (a.shape[0], a.shape[1], 40) and out.is_contiguous()
+            assert torch.equal(out, mmv.matmul(rows, w.t()).view_as(out))
+    apart = torch.randn(4, 6, 24, device=device)[:, :5]  # entries 6 rows apart
+    assert mmv.explain_auto(apart, w.t())["bucket"] == mmv.explain_auto(apart[0], w.t())["bucket"]
+    check_bmm(apart, w.t(), "auto")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not gpu_available() or "skinny_gemv" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_gemv")
+def test_named_rung_runs_a_batch_as_one_product_where_it_takes_its_rows():
+    """skinny_gemv takes up to 8 rows: 4 entries of 2 tokens against a shared weight are one
+    product of 8 rows (the weight streamed once), 4 entries of 4 tokens run entry by entry."""
+    torch.manual_seed(0)
+    w = torch.randn(300, 256, device="cuda")
+
+    def product_kernels(run):
+        return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
+
+    for tokens, one_product in [(2, True), (4, False)]:
+        a = torch.randn(4, tokens, 256, device="cuda")
+        names = product_kernels(lambda: mmv.matmul(a, w.t(), "skinny_gemv"))
+        if one_product:
+            expected = product_kernels(lambda: mmv.matmul(a.view(-1, 256), w.t(), "skinny_gemv"))
+        else:
+            expected = product_kernels(lambda: [mmv.matmul(x, w.t(), "skinny_gemv") for x in a])
+        assert names == expected and len(names) == (1 if one_product else 4) * len(
+            product_kernels(lambda: mmv.matmul(a[0], w.t(), "skinny_gemv"))), names
+        check_bmm(a, w.t(), "skinny_gemv")
+
+
+@pytest.mark.parametrize("device", devices())
 def test_empty(device):
     empty_batch = mmv.matmul(torch.randn(0, 3, 4, device=device), torch.randn(0, 4, 5, device=device))
     assert empty_batch.shape == (0, 3, 5)

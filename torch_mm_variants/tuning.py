@@ -85,8 +85,10 @@ def set_autotune(enabled: bool = True) -> None:
 def explain_auto(a: torch.Tensor, b: torch.Tensor) -> dict:
     """What algorithm="auto" runs for these inputs, and why:
     {"algorithm": ..., "reason": "heuristic" | "measured" | "cached" | "batched", "bucket": ...}.
-    "batched": a batch a [B, M, K] of entries too small to fill the GPU runs in one launch of the
-    highest rung with a batched kernel, not in auto's choice for one entry (a launch per entry)."""
+    For a batch a [B, M, K] against a shared b whose entries' rows follow one another, the choice
+    for their one product of B * M rows; for other batches, the choice for one entry. "batched":
+    a batch of entries too small to fill the GPU runs in one launch of the highest rung with a
+    batched kernel, not in auto's choice for one entry (a launch per entry)."""
     check_matmul_operand("torch_mm_variants.matmul", a)  # explain_auto speaks for matmul
     algorithm, reason, bucket = _C.explain_auto(a, b)
     return {"algorithm": algorithm, "reason": reason, "bucket": bucket}

@@ -2,10 +2,14 @@
 // or out[i] = a[i] @ b for a shared 2-D b [K, N] (e.g. a weight).
 //
 // One kernel serves every device (CompositeExplicitAutograd): it validates once and chooses the
-// algorithm once for the batch's shape. Algorithms with a batched kernel (run_batched) take the
-// whole batch in one launch; the others run on each batch entry's views, which every algorithm
-// reads in place whatever their strides. auto runs a batch of small entries in one launch
-// (batch_algorithm). Each entry's output starts on a 16-byte boundary, as the
+// algorithm once for the batch's shape. Against a shared b, a batch whose entries' rows follow
+// one another at one stride (a contiguous a, or entries of one row) is one product of B * M rows
+// (batch_as_rows): the shared matrix, often a weight, is read once instead of once per entry, and
+// the one launch has all the rows to fill the GPU with (B sequences of one token each against a
+// weight stream it once, at B tokens). Otherwise, algorithms with a batched kernel (run_batched)
+// take the whole batch in one launch; the others run on each batch entry's views, which every
+// algorithm reads in place whatever their strides. auto runs a batch of small entries in one
+// launch (batch_algorithm). Each entry's output starts on a 16-byte boundary, as the
 // vectorized stores of the GPU kernels need; when M * N elements do not fill whole 16-byte units
 // the padded result is compacted at the end.
 #include "auto.h"
@@ -14,6 +18,8 @@
 #include <ATen/ATen.h>
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
+
+#include <optional>
 
 namespace mm_variants {
 namespace {
@@ -35,6 +41,39 @@ void check_bmm_inputs(const at::Tensor& a, const at::Tensor& b) {
 
 // The matrix that batch entry i multiplies by: b's i-th, or the shared one.
 at::Tensor b_entry(const at::Tensor& b, int64_t i) { return b.dim() == 3 ? b.select(0, i) : b; }
+
+// The matrix every entry multiplies by, where they share one: a 2-D b, or a 3-D b of one entry
+// or expanded from one (batch stride 0).
+std::optional<at::Tensor> shared_b(const at::Tensor& b) {
+  if (b.dim() == 2) return b;
+  if (b.size(0) == 1 || b.stride(0) == 0) return b.select(0, 0);
+  return std::nullopt;
+}
+
+// a [B, M, K] as one [B * M, K] matrix, where the entries' rows follow one another at one stride:
+// a contiguous batch (or any whose entries lie M rows apart), entries of one row, a batch of one.
+std::optional<at::Tensor> batch_as_rows(const at::Tensor& a) {
+  const int64_t batch = a.size(0), m = a.size(1);
+  if (m == 1) return a.select(1, 0);
+  if (batch == 1) return a.select(0, 0);
+  if (a.stride(0) != m * a.stride(1)) return std::nullopt;
+  return a.view({batch * m, a.size(2)});
+}
+
+// Whether `algorithm` runs rows @ b as one product: auto always, a named algorithm where it takes
+// that many rows (a skinny rung takes a few; a batch of more then runs entry by entry, as before).
+// Inputs that the checks refuse, and unknown names, go the entry-by-entry way to those checks.
+bool runs_as_one_product(c10::string_view algorithm, const at::Tensor& rows, const at::Tensor& b) {
+  if (algorithm == "auto") return true;
+  if (rows.scalar_type() != b.scalar_type() || rows.device() != b.device()) return false;
+  for (const Algorithm* named : algorithms_for(rows.device())) {
+    if (named->name == algorithm) {
+      return named->supports(rows.scalar_type()) &&
+             (named->accepts == nullptr || named->accepts(rows, b));
+    }
+  }
+  return false;
+}
 
 // Output elements of a batch entry below which auto runs the batch in one launch of the highest
 // rung with a batched kernel, rather than its choice for one entry in a launch per entry: 2^21,
@@ -64,14 +103,18 @@ const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view reque
 namespace {
 
 at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {
-  const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
+  const BatchChoice choice = batch_choice_inputs(a, b, algorithm);
   const c10::OptionalDeviceGuard guard(a.device());
-  const Algorithm& resolved =
-      resolve_algorithm("mm_variants::bmm", a_chosen_on, b_chosen_on, algorithm);
+  const Algorithm& resolved = resolve_algorithm("mm_variants::bmm", choice.a, choice.b, algorithm);
   const int64_t batch = a.size(0), m = a.size(1), k = a.size(2), n = b.size(-1);
-  const Algorithm& chosen = batch_algorithm(resolved, algorithm, a_chosen_on, b_chosen_on, batch);
   if (batch == 0) return at::empty({0, m, n}, a.options());
   if (m == 0 || n == 0 || k == 0) return at::zeros({batch, m, n}, a.options());
+  if (choice.one_product) {
+    at::Tensor out = new_output(batch * m, n, a.options());
+    resolved.run(choice.a, choice.b, out);
+    return out.view({batch, m, n});
+  }
+  const Algorithm& chosen = batch_algorithm(resolved, algorithm, choice.a, choice.b, batch);
 
   const int64_t per_unit = std::max<int64_t>(1, 16 / static_cast<int64_t>(a.element_size()));
   const int64_t stride = (m * n + per_unit - 1) / per_unit * per_unit;  // elements per entry
@@ -90,12 +133,17 @@ at::Tensor bmm(const at::Tensor& a, const at::Tensor& b, c10::string_view algori
 
 }  // namespace
 
-std::pair<at::Tensor, at::Tensor> batch_choice_inputs(const at::Tensor& a, const at::Tensor& b) {
+BatchChoice batch_choice_inputs(const at::Tensor& a, const at::Tensor& b,
+                                c10::string_view algorithm) {
   check_bmm_inputs(a, b);
   const int64_t k = a.size(2);
   // An empty batch runs nothing but gets the checks of any other: dtypes, devices, the name.
-  if (a.size(0) == 0) return {a.new_empty({0, k}), b.new_empty({k, 0})};
-  return {a.select(0, 0), b_entry(b, 0)};
+  if (a.size(0) == 0) return {a.new_empty({0, k}), b.new_empty({k, 0}), false};
+  if (const std::optional<at::Tensor> shared = shared_b(b)) {
+    const std::optional<at::Tensor> rows = batch_as_rows(a);
+    if (rows && runs_as_one_product(algorithm, *rows, *shared)) return {*rows, *shared, true};
+  }
+  return {a.select(0, 0), b_entry(b, 0), false};
 }
 
 }  // namespace mm_variants

@@ -157,16 +157,18 @@ AutoDecision explain_product(const char* op, const at::Tensor& a, const at::Tens
 std::tuple<std::string, std::string, std::string> explain_auto(const at::Tensor& a,
                                                                const at::Tensor& b) {
   // torch_mm_variants.matmul sends a batch a [B, M, K] to mm_variants::bmm, whose auto reads
-  // the inputs of one product of the batch, and whose name its refusals give.
-  // A batch of small entries runs in one launch of a batched kernel (batch_algorithm), with
-  // reason "batched".
+  // the inputs of one product (the batch's rows against a shared b, or one entry's), and whose
+  // name its refusals give. A batch of small entries runs in one launch of a batched kernel
+  // (batch_algorithm), with reason "batched".
   AutoDecision decision;
   if (a.dim() == 3) {
-    const auto [a_chosen_on, b_chosen_on] = batch_choice_inputs(a, b);
-    decision = explain_product("mm_variants::bmm", a_chosen_on, b_chosen_on);
-    const Algorithm& batched =
-        batch_algorithm(*decision.algorithm, "auto", a_chosen_on, b_chosen_on, a.size(0));
-    if (&batched != decision.algorithm) decision = {&batched, "batched", decision.bucket};
+    const BatchChoice choice = batch_choice_inputs(a, b);
+    decision = explain_product("mm_variants::bmm", choice.a, choice.b);
+    if (!choice.one_product) {
+      const Algorithm& batched =
+          batch_algorithm(*decision.algorithm, "auto", choice.a, choice.b, a.size(0));
+      if (&batched != decision.algorithm) decision = {&batched, "batched", decision.bucket};
+    }
   } else {
     decision = explain_product(kMatmulOp, a, b);
   }

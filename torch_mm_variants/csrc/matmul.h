@@ -22,9 +22,16 @@ const Algorithm& resolve_algorithm(const char* op, const at::Tensor& a, const at
                                    c10::string_view algorithm);
 
 // The one product whose inputs mm_variants::bmm chooses its algorithm on, for the whole batch
-// (a [B, M, K], b [B, K, N] or a shared [K, N]): the first entry's, or an empty [0, K] x [K, 0]
-// of the batch's dtype and device for an empty batch. Validates the batch's shapes as bmm does.
-std::pair<at::Tensor, at::Tensor> batch_choice_inputs(const at::Tensor& a, const at::Tensor& b);
+// (a [B, M, K], b [B, K, N] or a shared [K, N]): against a shared b, where a's entries fold into
+// one [B * M, K] matrix that `algorithm` takes, that whole product, which bmm then runs
+// (one_product); else the first entry's, or an empty [0, K] x [K, 0] of the batch's dtype and
+// device for an empty batch. Validates the batch's shapes as bmm does.
+struct BatchChoice {
+  at::Tensor a, b;
+  bool one_product;
+};
+BatchChoice batch_choice_inputs(const at::Tensor& a, const at::Tensor& b,
+                                c10::string_view algorithm = "auto");
 
 // The algorithm that runs a batch of `batch` products: `chosen`, resolved for its first entry
 // (a_entry, b_entry), or for auto over entries too small to fill the GPU (but of more rows than
