@@ -1,7 +1,8 @@
 """The workload of scripts/sanitize.sh: every CUDA algorithm (or those named on the command line),
 every dtype it takes (or those named in $DTYPES, e.g. "Float Half"), float32 with TF32 off and
 on, the four transpose layouts and a misaligned view, on a few small shapes that are no tile
-multiples and span several blocks and k steps. Exits non-zero on a wrong result."""
+multiples and span several blocks and k steps, and batches for the algorithms that run one in a
+launch. Exits non-zero on a wrong result."""
 from __future__ import annotations
 
 import os
@@ -43,6 +44,13 @@ EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
                           (160, 1000, 8200), (100, 2112, 4104), (288, 4001, 4088),
                           (312, 4001, 4088)]}
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
+# Batches (mm_variants::bmm), for the algorithms that run a whole one in a launch: (B, M, N, K),
+# with a and b as (layout of a, layout of b) in BATCH_LAYOUTS.
+BATCH_SHAPES = [(3, 7, 5, 3), (3, 2, 150, 700), (3, 33, 17, 65), (2, 64, 70, 300)]
+# "gap": entries one element further apart than their size, so that only entry 0 is 16-byte
+# aligned; "shared": one 2-D b for every entry, against an a whose entries do not fold into one
+# matrix (column-major), so that the batch runs as a batch.
+BATCH_LAYOUTS = [("row", "row"), ("row", "col"), ("gap", "gap"), ("col", "shared")]
 
 
 def operand(rows, cols, dtype, layout):
@@ -53,6 +61,18 @@ def operand(rows, cols, dtype, layout):
         return torch.randn(cols, rows).to(dtype).cuda().t()
     # "offset": one element into its storage, so not 16-byte aligned
     return torch.randn(rows * cols + 1).to(dtype).cuda()[1:].view(rows, cols)
+
+
+def batch_operand(batch, rows, cols, dtype, layout):
+    """A [batch, rows, cols] operand laid out as BATCH_LAYOUTS says, made as operand() is."""
+    if layout == "shared":
+        return operand(rows, cols, dtype, "col")
+    if layout == "gap":
+        storage = torch.randn(batch, rows * cols + 1).to(dtype).cuda()
+        return storage[:, :rows * cols].view(batch, rows, cols)
+    if layout == "col":
+        return torch.randn(batch, cols, rows).to(dtype).cuda().transpose(1, 2)
+    return torch.randn(batch, rows, cols).to(dtype).cuda()
 
 
 def tf32_modes(dtype):
@@ -90,8 +110,17 @@ def main() -> int:
             dtype = DTYPES[dtype_name]
             cases = [(shape, layouts, tf32) for shape in SHAPES + EXTRA_SHAPES.get(algorithm, [])
                      for layouts in layout_pairs for tf32 in tf32_modes(dtype)]
-            for (m, n, k), (la, lb), tf32 in cases:
-                a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
+            if mmv._C.algorithm_runs_batches("cuda", algorithm):
+                cases += [(shape, layouts, tf32) for shape in BATCH_SHAPES
+                          for layouts in BATCH_LAYOUTS for tf32 in tf32_modes(dtype)]
+            for shape, (la, lb), tf32 in cases:
+                if len(shape) == 4:
+                    batch, m, n, k = shape
+                    a = batch_operand(batch, m, k, dtype, la)
+                    b = batch_operand(batch, k, n, dtype, lb)
+                else:
+                    m, n, k = shape
+                    a, b = operand(m, k, dtype, la), operand(k, n, dtype, lb)
                 try:
                     out, tolerance = run(a, b, algorithm, tf32)
                 except RuntimeError as error:
@@ -103,7 +132,7 @@ def main() -> int:
                 if not err <= tolerance:
                     failures += 1
                     print(f"WRONG {algorithm} {dtype_name}{' (TF32)' if tf32 else ''} "
-                          f"{m}x{n}x{k} {la}/{lb}: relative error {err:.2e}")
+                          f"{'x'.join(map(str, shape))} {la}/{lb}: relative error {err:.2e}")
         print(f"ran {algorithm}", flush=True)
     torch.cuda.synchronize()
     return 1 if failures else 0

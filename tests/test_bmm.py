@@ -7,8 +7,9 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
-                      assert_gradients_match, assert_result, devices, gpu_available,
-                      launched_kernels, random_matrix, relative_error, run_accepted)
+                      assert_gradients_match, assert_result, capture_graph, devices,
+                      gpu_available, launched_kernels, random_matrix, relative_error,
+                      run_accepted)
 
 
 def reference(a, b):
@@ -98,8 +99,7 @@ def test_batch_layouts_and_edges(device, algorithm, dtype, a_layout):
 @pytest.mark.parametrize("tf32", [False, True])
 def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
     """Entries too small to fill the GPU run in one launch of the batched kernel, not in auto's
-    choice for one entry (on Hopper wgmma, a launch per entry), and explain_auto says so; entries
-    of a few tokens keep auto's choice for one entry."""
+    choice for one entry (on Hopper wgmma, a launch per entry), and explain_auto says so."""
     if tf32 and dtype != torch.float32:
         pytest.skip("TF32 is float32's setting")
     torch.manual_seed(0)
@@ -115,10 +115,83 @@ def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
         assert len(names) == 1 and decision["algorithm"] == "tensor_core", (names, decision)
         assert decision["reason"] == ("heuristic" if one_entry == "tensor_core" else "batched")
         check_bmm(a, b, "auto")
-        tokens = torch.randn(16, 8, 96, device="cuda", dtype=dtype)
-        assert mmv.auto_choice(tokens, b) == mmv.auto_choice(tokens[0], b[0])
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def product_kernels(run):
+    """The names of the package's kernels that run() launches (not copies or fills)."""
+    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
+
+
+needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.algorithms("cuda"),
+                                  reason="needs a GPU that lists skinny")
+
+
+# The kernels of the skinny rungs' batched launches (rungs 10 and 12).
+SKINNY_KERNELS = ("skinny_kernel", "k_major_kernel", "n_major_kernel")
+
+
+@pytest.mark.cuda
+@needs_skinny
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_decode_batches_run_in_one_launch(dtype):
+    """Batches of a few tokens against each entry's own matrix, as attention's products are at
+    decode (q @ k^T with k read K-contiguous, p @ v with v row-major), run in one launch of a
+    skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry,
+    else rung 10's), at every count of token tiles, and so inside a CUDA graph."""
+    torch.manual_seed(0)
+    keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
+    values = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
+    for m in [1, 2, 3, 8, 9, 17, 33, 64]:
+        queries = torch.randn(24, m, 128, device="cuda", dtype=dtype)
+        scores = torch.randn(24, m, 1000, device="cuda", dtype=dtype)
+        for a, b in [(queries, keys.transpose(1, 2)), (scores, values)]:
+            names = product_kernels(lambda: mmv.matmul(a, b))
+            choice, one_entry = mmv.auto_choice(a, b), mmv.auto_choice(a[0], b[0])
+            expected = one_entry if one_entry == "skinny_gemv" else "skinny"
+            assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
+            assert len(names) == 1 and any(k in names[0] for k in SKINNY_KERNELS), (m, names)
+            check_bmm(a, b, "auto")
+    a, b = queries, keys.transpose(1, 2)
+    graph, out = capture_graph(lambda: mmv.matmul(a, b))
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, mmv.matmul(a, b))
+
+
+@pytest.mark.cuda
+@needs_skinny
+def test_large_decode_entries_keep_the_choice_for_one_entry():
+    """Entries of 9-64 tokens against matrices of 16 MB or more run entry by entry where auto's
+    choice for one entry is a higher rung than the batched kernel's (rung 11 on Hopper); up to 8
+    tokens, and against smaller matrices, they run batched (bf16: on rung 10)."""
+    torch.manual_seed(0)
+    order = mmv.algorithms("cuda")
+    for k, n, m in [(4096, 4096, 8), (4096, 4096, 16), (4096, 1024, 16)]:
+        a = torch.randn(2, m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(2, k, n, device="cuda", dtype=torch.bfloat16)
+        one_entry = mmv.auto_choice(a[0], b[0])
+        large = m > 8 and k * n * 2 >= 16 << 20
+        per_entry = large and order.index(one_entry) > order.index("skinny")
+        assert mmv.auto_choice(a, b) == (one_entry if per_entry else "skinny"), (k, n, m)
+        one_launch = len(product_kernels(lambda: mmv.matmul(a[0], b[0])))
+        launches = len(product_kernels(lambda: mmv.matmul(a, b)))
+        assert launches == (2 * one_launch if per_entry else 1), (k, n, m, launches)
+        check_bmm(a, b, "auto")
+
+
+@pytest.mark.cuda
+@needs_skinny
+@pytest.mark.parametrize("algorithm", ["skinny", "skinny_gemv"])
+def test_batches_past_the_grids_limit_take_more_launches(algorithm):
+    """gridDim.z takes at most 65535 entries: rungs 10 and 12 launch the rest after them."""
+    torch.manual_seed(0)
+    a = torch.randn(65537, 3, 8, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(65537, 8, 5, device="cuda", dtype=torch.bfloat16)
+    assert len(product_kernels(lambda: mmv.matmul(a, b, algorithm))) == 2
+    check_bmm(a, b, algorithm)
 
 
 @pytest.mark.parametrize("device", devices())
@@ -147,22 +220,18 @@ def test_batch_against_a_shared_b_runs_as_one_product(device):
                     reason="needs a GPU that lists skinny_gemv")
 def test_named_rung_runs_a_batch_as_one_product_where_it_takes_its_rows():
     """skinny_gemv takes up to 8 rows: 4 entries of 2 tokens against a shared weight are one
-    product of 8 rows (the weight streamed once), 4 entries of 4 tokens run entry by entry."""
+    product of 8 rows (the weight streamed once, the 2-D product's kernel); 4 entries of 4 tokens
+    run as a batch, in one launch of its batched kernel."""
     torch.manual_seed(0)
     w = torch.randn(300, 256, device="cuda")
-
-    def product_kernels(run):
-        return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
-
     for tokens, one_product in [(2, True), (4, False)]:
         a = torch.randn(4, tokens, 256, device="cuda")
         names = product_kernels(lambda: mmv.matmul(a, w.t(), "skinny_gemv"))
         if one_product:
             expected = product_kernels(lambda: mmv.matmul(a.view(-1, 256), w.t(), "skinny_gemv"))
+            assert names == expected, names
         else:
-            expected = product_kernels(lambda: [mmv.matmul(x, w.t(), "skinny_gemv") for x in a])
-        assert names == expected and len(names) == (1 if one_product else 4) * len(
-            product_kernels(lambda: mmv.matmul(a[0], w.t(), "skinny_gemv"))), names
+            assert len(names) == 1 and ", true>(" in names[0], names  # BATCHED, the last
         check_bmm(a, w.t(), "skinny_gemv")
 
 

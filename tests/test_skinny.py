@@ -311,7 +311,7 @@ def test_reads_a_16bit_row_major_weight_in_place(dtype):
             rows_16_bytes = w.data_ptr() % 16 == 0 and w.stride(0) % 8 == 0
             columns = 2 if rows_16_bytes and m <= 32 else 1  # groups of 16 a block owns
             assert len(products) == 1 and re.search(
-                rf"skinny_kernel<[^<>]+, true, {columns}>", products[0]), products
+                rf"skinny_kernel<[^<>]+, true, {columns}, false>", products[0]), products
             if k % 8 == 0:  # x's rows 16-byte aligned: no copy of x either
                 assert all("skinny_kernel" in name or "sum_splits_kernel" in name
                            for name in names), names
@@ -332,7 +332,7 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
         x = random_matrix(m, k, dtype, "cuda")  # k % 8 == 0: rows 16-byte aligned, never copied
         lines = -(-n * x.element_size() // 128)
         n_major = "n_major_kernel"
-        n_major_warps = f", {gemv_n_major_warps(m, lines, sms)}>("
+        n_major_warps = f", {gemv_n_major_warps(m, lines, sms)}, false>("  # not batched
         for w, kinds in [(weight_view(n, k, dtype), ["k_major_kernel"]),
                          (weight_view(n, k, dtype, offset=1), ["k_major_kernel"]),
                          (row_major_weight(k, n, dtype), [n_major, n_major_warps]),

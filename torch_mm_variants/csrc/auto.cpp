@@ -330,11 +330,11 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* o
 }
 
 const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b) {
-  const auto candidates = eligible(a, b);
-  for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
-    if ((*it)->run_batched != nullptr) return *it;
+  std::vector<const Algorithm*> batched;
+  for (const Algorithm* algorithm : eligible(a, b)) {
+    if (algorithm->run_batched != nullptr) batched.push_back(algorithm);
   }
-  return nullptr;
+  return batched.empty() ? nullptr : heuristic_choice(batched, a, b);
 }
 
 void set_autotune(bool enabled) { autotune_flag().store(enabled); }

@@ -36,8 +36,9 @@ inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b, co
   return *decide_auto(a, b, op, /*with_bucket=*/false).algorithm;
 }
 
-// The highest rung that auto may run on these inputs and that takes a whole batch in one launch
-// (run_batched), or nullptr.
+// Among the rungs that auto may run on these inputs and that take a whole batch in one launch
+// (run_batched), the one auto's heuristic picks (the highest that does not defer to a lower one
+// of them), or nullptr.
 const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b);
 
 void set_autotune(bool enabled);

@@ -34,8 +34,8 @@ BatchChoice batch_choice_inputs(const at::Tensor& a, const at::Tensor& b,
                                 c10::string_view algorithm = "auto");
 
 // The algorithm that runs a batch of `batch` products: `chosen`, resolved for its first entry
-// (a_entry, b_entry), or for auto over entries too small to fill the GPU (but of more rows than
-// decode products) the highest rung with a batched kernel, where `chosen` has none.
+// (a_entry, b_entry), or for auto over entries too small to fill the GPU, or of a few rows (decode
+// products), the highest rung with a batched kernel, where `chosen` has none.
 const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view requested,
                                  const at::Tensor& a_entry, const at::Tensor& b_entry,
                                  int64_t batch);

@@ -29,7 +29,8 @@
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
 // see skinny_kernel), in blocks of 32 columns up to 32 tokens where its rows are 16-byte aligned;
 // any other b that is not w.t()-shaped (K-contiguous), float32 row-major
-// included, is copied into that layout first.
+// included, is copied into that layout first. A bmm batch of such products runs in one launch,
+// its entries the grid's third dimension (skinny_batched).
 #include "common.cuh"
 #include "hopper.cuh"
 #include "k_splits.cuh"
@@ -42,6 +43,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace mm_variants::cuda {
 namespace {
@@ -172,9 +174,13 @@ __device__ __forceinline__ int a_row_of_column(int c) {
 // words 2-3 those of 8 i + 4 .. 8 i + 7 (i = 0..3). A warp's load then takes two sectors of each
 // row (rows 32-byte aligned) where 16 columns took one, in one L2 request (per 128-byte line) as
 // before, and each x vector serves twice the columns.
-template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILES = 1>
+// BATCHED: entry blockIdx.z of a batch (a kernel of its own, so that a single product's kernels
+// keep their registers).
+template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILES = 1,
+          bool BATCHED = false>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny::Problem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
+  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   static_assert(N_TILES == 1 || N_MAJOR, "a K-contiguous block owns 16 columns");
   using E = Bits<T>;
   using Op = SkinnyMma<T>;
@@ -426,15 +432,19 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
+// A batch's entries (x, w and out then entry 0's) are the grid's third dimension; their blocks
+// fill the SMs together, and K is not split.
 template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
-                   at::Tensor& out) {
+                   at::Tensor& out, const skinny::Batch& batch) {
   constexpr int kStep = StepShape<T, TILES, N_TILES>::kStep;
   const int64_t K = x.size(1), N = out.size(1);
   const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES));
-  const skinny::SplitProduct<T> product(
-      {x, ldx}, {w, ldw}, out,
-      split_k(blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps, kMaxSplits));
+  const KSplit split =
+      batch.entries > 1
+          ? KSplit{1, K}
+          : split_k(blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps, kMaxSplits);
+  const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out, split, batch);
   // 16-bit inputs from 9 tokens launch early (a programmatic dependent launch): the blocks start
   // while the kernel before them finishes and wait for it in the kernel. Launched back to back on
   // a stream, a stand-alone copy (H100, bf16, 16-64 tokens) ran 1.02-1.05 times as fast so on a
@@ -449,21 +459,26 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // graphs, 16 tokens on 4096 x 14336 took 75.0 us against 48.5 at one token. The 32-column
   // kernels (9-32 tokens) take 103-128 registers, two blocks an SM, and launch early.
   const auto run = [&](auto kernel) {
-    KernelLaunch launch(dim3(blocks, product.splits()), kThreads, 0);
+    KernelLaunch launch(dim3(blocks, product.splits(), static_cast<unsigned>(batch.entries)),
+                        kThreads, 0);
     launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&
                           resident_blocks_per_sm(kernel, kThreads, 0) <= 2);
     launch.run(kernel, product.problem());
   };
+  const bool batched = batch.entries > 1;
   if constexpr (N_TILES == 2) {  // rows 16-byte aligned (above)
-    run(skinny_kernel<T, TILES, true, true, 2>);
+    dispatch_bools([&](auto batched_c) {
+      run(skinny_kernel<T, TILES, true, true, 2, decltype(batched_c)::value>);
+    }, batched);
   } else {
-    const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw)
-                                  : skinny::rows_aligned<T>(w.data_ptr(), ldw);
+    const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw, batch)
+                                  : skinny::rows_aligned<T>(w.data_ptr(), ldw, batch);
     dispatch_bools(
-        [&](auto w_vector_c) {
-          run(skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR>);
+        [&](auto w_vector_c, auto batched_c) {
+          run(skinny_kernel<T, TILES, decltype(w_vector_c)::value, N_MAJOR, 1,
+                            decltype(batched_c)::value>);
         },
-        w_vector);
+        w_vector, batched);
   }
   product.add_splits();
 }
@@ -473,16 +488,16 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
 // of 8 at 40-48 tokens 7-18% (float32) and up to 5% (16-bit), on an H100.
 template <typename T, bool N_MAJOR>
 void launch_for_tokens(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
-                       at::Tensor& out) {
+                       at::Tensor& out, const skinny::Batch& batch = {}) {
   const auto launch = [&](auto tiles_c) {
     constexpr int kTiles = decltype(tiles_c)::value;
     // A row-major weight whose rows take 16-byte loads: blocks of 32 columns (see skinny_kernel).
     if constexpr (N_MAJOR && kTiles <= kMaxWideTiles) {
-      if (skinny::rows_aligned<T>(w.data_ptr(), ldw)) {
-        return launch_skinny<T, kTiles, true, 2>(x, ldx, w, ldw, out);
+      if (skinny::rows_aligned<T>(w.data_ptr(), ldw, batch)) {
+        return launch_skinny<T, kTiles, true, 2>(x, ldx, w, ldw, out, batch);
       }
     }
-    launch_skinny<T, kTiles, N_MAJOR>(x, ldx, w, ldw, out);
+    launch_skinny<T, kTiles, N_MAJOR>(x, ldx, w, ldw, out, batch);
   };
   const int64_t M = x.size(0);
   if (M <= 8) {
@@ -518,10 +533,36 @@ void skinny(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
                                    [&] { skinny_typed<scalar_t>(a, b, out); });
 }
 
+// One launch for a batch, the weights read as for a single product: 16-bit row-major entries in
+// place, others as w = b^T per entry, K-contiguous (skinny::batch_weights).
+template <typename T>
+void launch_batch(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const int64_t M = a.size(1), N = b.size(-1);
+  at::Tensor out0 = out.select(0, 0).narrow(0, 0, M * N).view({M, N});
+  const auto [x, x_stride] = skinny::batch_tokens<T>(a);
+  const bool n_major = sizeof(T) == 2 && skinny::row_major(b.dim() == 2 ? b : b.select(0, 0));
+  const auto [w, w_stride] = skinny::batch_weights(b, n_major);
+  const skinny::Batch batch{a.size(0), x_stride, w_stride, out.stride(0)};
+  if constexpr (sizeof(T) == 2) {
+    if (n_major) return launch_for_tokens<T, true>(x.data, x.ld, w.data, w.ld, out0, batch);
+  }
+  launch_for_tokens<T, false>(x.data, x.ld, w.data, w.ld, out0, batch);
+}
+
+// A whole bmm batch (run_batched; registry.h gives the layout of out): the batch is the grid's
+// third dimension, each block offsetting its operands by its entry's strides, and K is not split.
+// A batch of decode-sized products (a few tokens against small matrices each, as attention's are
+// at decode) then costs one launch where it took one per entry.
+void skinny_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_skinny_batched", [&] {
+    skinny::in_grid_sized_parts(a, b, out, "skinny", launch_batch<scalar_t>);
+  });
+}
+
 // mma.sync with bf16 and tf32 needs sm_80.
 MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &sm80_or_newer,
                       &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
-                      /*run_fused=*/nullptr, /*run_batched=*/nullptr,
+                      /*run_fused=*/nullptr, &skinny_batched,
                       &skinny::rung8_is_faster_on_row_major});
 
 }  // namespace

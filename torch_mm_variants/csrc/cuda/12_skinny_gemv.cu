@@ -24,6 +24,7 @@
 //   second pass adds the splits in order (k_splits): no atomics, the same bits on every run.
 // - Weight rows not 16-byte aligned are read element by element. x is copied into aligned rows
 //   where it is not (it is small); the weight streams past L1, x stays cached.
+// - A bmm batch runs in one launch, its entries the grid's third dimension (skinny_gemv_batched).
 #include "common.cuh"
 #include "k_splits.cuh"
 #include "launch.cuh"
@@ -35,6 +36,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 namespace mm_variants::cuda {
 namespace {
@@ -123,9 +125,11 @@ __device__ __forceinline__ void add_and_store(const Problem<T>& p,
 // K-contiguous weight: block blockIdx.x computes out[:, R bx : R bx + R] (R = kRowsPerBlock) over
 // its k range. A split's k range is whole warp steps, not whole block steps, so some of its warps
 // may take one step more than others (rung 10 splits the same way).
-// W_VECTOR: w's pointer and leading dimension are 16-byte aligned.
-template <typename T, int TOKENS, bool W_VECTOR>
+// W_VECTOR: w's pointer and leading dimension are 16-byte aligned. BATCHED: entry blockIdx.z of a
+// batch (a kernel of its own: the offsets cost a single product's kernels up to a block per SM).
+template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED = false>
 __global__ void __launch_bounds__(kThreads) k_major_kernel(Problem<T> p) {
+  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   constexpr int V = kVec<T>, U = kVectorsPerRow<TOKENS>;
   constexpr int kStep = 32 * V * U;  // k of a warp's step
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -186,9 +190,10 @@ __global__ void __launch_bounds__(kThreads) k_major_kernel(Problem<T> p) {
 
 // N-contiguous weight: block blockIdx.x computes out[:, C bx : C bx + C] over its k range, C the
 // elements of a 128-byte line, its WARPS warps splitting it. W_VECTOR: w's pointer and leading
-// dimension are 16-byte aligned.
-template <typename T, int TOKENS, bool W_VECTOR, int WARPS>
+// dimension are 16-byte aligned. BATCHED as for k_major_kernel.
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS, bool BATCHED = false>
 __global__ void __launch_bounds__(32 * WARPS) n_major_kernel(Problem<T> p) {
+  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   constexpr int V = kVec<T>;
   constexpr int kColumns = kLanesPerRow * V;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -247,34 +252,48 @@ __global__ void __launch_bounds__(32 * WARPS) n_major_kernel(Problem<T> p) {
   }
 }
 
+// How the blocks of a product split K (split_k), or of a batch (x, w and out entry 0's), whose
+// entries' blocks fill the SMs together: not at all.
+KSplit split_for(const skinny::Batch& batch, int64_t blocks, int64_t K, int step, int64_t min_k) {
+  return batch.entries > 1 ? KSplit{1, K} : split_k(blocks, K, step, min_k, kMaxSplits);
+}
+
+// The grid of `blocks` blocks along N, the product's splits of K, and a batch's entries.
+dim3 grid_of(int64_t blocks, int splits, const skinny::Batch& batch) {
+  return dim3(static_cast<unsigned>(blocks), splits, static_cast<unsigned>(batch.entries));
+}
+
 // K-contiguous weight: blocks of kRowsPerBlock rows, splitting K where they are fewer than SMs,
 // then the pass that adds the splits.
 template <typename T, int TOKENS>
-void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
+void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
+                    const skinny::Batch& batch) {
   constexpr int kStep = 32 * kVec<T> * kVectorsPerRow<TOKENS>;  // a warp's
   const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock);
   const skinny::SplitProduct<T> product(
-      x, w, out, split_k(blocks, x.data.size(1), kStep, int64_t{kStep} * kWarps, kMaxSplits));
-  const KernelLaunch launch(dim3(static_cast<unsigned>(blocks), product.splits()), kThreads, 0);
+      x, w, out, split_for(batch, blocks, x.data.size(1), kStep, int64_t{kStep} * kWarps), batch);
+  const KernelLaunch launch(grid_of(blocks, product.splits(), batch), kThreads, 0);
   dispatch_bools(
-      [&](auto w_vector_c) {
-        launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value>, product.problem());
+      [&](auto w_vector_c, auto batched_c) {
+        launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value,
+                                  decltype(batched_c)::value>,
+                   product.problem());
       },
-      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld));
+      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1);
   product.add_splits();
 }
 
 // N-contiguous weight, rows 16-byte aligned or not (W_VECTOR): blocks of WARPS warps, one per
 // 128-byte line of columns, splitting K where they would leave SMs idle (a block of 16 or 32
 // warps counts as 2 or 4 of 8 in split_k's rule), then the pass that adds the splits.
-template <typename T, int TOKENS, bool W_VECTOR, int WARPS>
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS, bool BATCHED = false>
 void launch_n_major_blocks(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
-                           int64_t lines) {
+                           int64_t lines, const skinny::Batch& batch = {}) {
   constexpr int kStep = kNMajorStep<WARPS>;
   const skinny::SplitProduct<T> product(
-      x, w, out, split_k(lines * WARPS / kWarps, x.data.size(1), kStep, kStep, kMaxSplits));
-  KernelLaunch(dim3(static_cast<unsigned>(lines), product.splits()), 32 * WARPS, 0)
-      .run(n_major_kernel<T, TOKENS, W_VECTOR, WARPS>, product.problem());
+      x, w, out, split_for(batch, lines * WARPS / kWarps, x.data.size(1), kStep, kStep), batch);
+  KernelLaunch(grid_of(lines, product.splits(), batch), 32 * WARPS, 0)
+      .run(n_major_kernel<T, TOKENS, W_VECTOR, WARPS, BATCHED>, product.problem());
   product.add_splits();
 }
 
@@ -297,14 +316,19 @@ bool lines_fit_one_wave(int64_t lines, int sms) {
 // split would fill them, with as many warps or fewer; not measured against 8 there, 2112 and 3072
 // columns ran at 1.05-1.30x of torch.mm at one token. Past two tokens blocks of 16 warps ran up to
 // 20% slower than 8 (4096 x 14336 at 7-8 tokens), and with fewer lines than half the SMs, where K
-// splits either way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8.
+// splits either way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8. A batch's entries
+// fill the SMs together, in blocks of 8 warps.
 template <typename T, int TOKENS>
-void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out) {
+void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
+                    const skinny::Batch& batch) {
   const int64_t lines = ceil_div(out.size(1), kLanesPerRow * kVec<T>);
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   dispatch_bools(
       [&](auto w_vector_c) {
         constexpr bool kVector = decltype(w_vector_c)::value;
+        if (batch.entries > 1) {
+          return launch_n_major_blocks<T, TOKENS, kVector, kWarps, true>(x, w, out, lines, batch);
+        }
         if constexpr (TOKENS <= 2) {
           if (2 * lines >= sms) {
             if (lines_fit_one_wave<T, TOKENS, kVector, 32>(lines, sms)) {
@@ -317,15 +341,28 @@ void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& ou
         }
         launch_n_major_blocks<T, TOKENS, kVector, kWarps>(x, w, out, lines);
       },
-      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld));
+      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch));
 }
 
-template <typename T, int TOKENS>
-void launch_gemv(const skinny::Rows& x, const skinny::Rows& w, bool n_major, at::Tensor& out) {
-  if (n_major) {
-    launch_n_major<T, TOKENS>(x, w, out);
+// The kernel for the tokens of x (M of them), on a weight read N-major or K-contiguous; x, w and
+// out are entry 0's of `batch`.
+template <typename T>
+void launch_gemv(const skinny::Rows& x, const skinny::Rows& w, bool n_major, at::Tensor& out,
+                 const skinny::Batch& batch = {}) {
+  const auto launch = [&](auto tokens_c) {
+    constexpr int kTokens = decltype(tokens_c)::value;
+    if (n_major) return launch_n_major<T, kTokens>(x, w, out, batch);
+    launch_k_major<T, kTokens>(x, w, out, batch);
+  };
+  const int64_t M = x.data.size(0);
+  if (M == 1) {
+    launch(std::integral_constant<int, 1>{});
+  } else if (M == 2) {
+    launch(std::integral_constant<int, 2>{});
+  } else if (M <= 4) {
+    launch(std::integral_constant<int, 4>{});
   } else {
-    launch_k_major<T, TOKENS>(x, w, out);
+    launch(std::integral_constant<int, 8>{});
   }
 }
 
@@ -334,24 +371,34 @@ void launch_gemv(const skinny::Rows& x, const skinny::Rows& w, bool n_major, at:
 template <typename T>
 void skinny_gemv_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   skinny::check_extents(a, b, "skinny_gemv");
-  const skinny::Rows x = skinny::tokens<T>(a);
   const bool n_major = skinny::row_major(b);
   const skinny::Rows w = n_major ? skinny::Rows{b, b.stride(0)} : skinny::weight(b);
-  const int64_t M = a.size(0);
-  if (M == 1) {
-    launch_gemv<T, 1>(x, w, n_major, out);
-  } else if (M == 2) {
-    launch_gemv<T, 2>(x, w, n_major, out);
-  } else if (M <= 4) {
-    launch_gemv<T, 4>(x, w, n_major, out);
-  } else {
-    launch_gemv<T, 8>(x, w, n_major, out);
-  }
+  launch_gemv<T>(skinny::tokens<T>(a), w, n_major, out);
+}
+
+// One launch for a batch (grid z), weights read as for a single product (skinny::batch_weights).
+template <typename T>
+void launch_batch(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  const int64_t M = a.size(1), N = b.size(-1);
+  at::Tensor out0 = out.select(0, 0).narrow(0, 0, M * N).view({M, N});
+  const auto [x, x_stride] = skinny::batch_tokens<T>(a);
+  const bool n_major = skinny::row_major(b.dim() == 2 ? b : b.select(0, 0));
+  const auto [w, w_stride] = skinny::batch_weights(b, n_major);
+  launch_gemv<T>(x, w, n_major, out0, {a.size(0), x_stride, w_stride, out.stride(0)});
 }
 
 void skinny_gemv(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_skinny_gemv",
                                    [&] { skinny_gemv_typed<scalar_t>(a, b, out); });
+}
+
+// A whole bmm batch in one launch (run_batched), its entries the grid's third dimension, K not
+// split: a batch of a few tokens against each entry's own matrix (attention's products at decode)
+// costs one launch, not one per entry, and row-major float32 entries are read in place.
+void skinny_gemv_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
+  MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_skinny_gemv_batched", [&] {
+    skinny::in_grid_sized_parts(a, b, out, "skinny_gemv", launch_batch<scalar_t>);
+  });
 }
 
 bool few_tokens(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxTokens; }
@@ -392,7 +439,7 @@ bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
 // The weight's streaming load asks L2 for 256 bytes, an sm_80 qualifier.
 MM_VARIANTS_REGISTER({"skinny_gemv", c10::kCUDA, 12, cuda_dtypes(), &skinny_gemv, &sm80_or_newer,
                       &few_tokens, kFewTokensOnly, /*auto_candidate=*/true,
-                      /*run_fused=*/nullptr, /*run_batched=*/nullptr, &lower_rung_is_faster});
+                      /*run_fused=*/nullptr, &skinny_gemv_batched, &lower_rung_is_faster});
 
 }  // namespace
 }  // namespace mm_variants::cuda

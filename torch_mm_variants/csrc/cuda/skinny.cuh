@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <utility>
 
 namespace mm_variants::cuda::skinny {
 
@@ -133,15 +134,88 @@ struct Problem {
   float* partial;  // [gridDim.y][M][N] when blocks split K, else null
   int M, N, K;
   int64_t k_per_block;
+  // A batch (run_batched of rungs 10 and 12): entry blockIdx.z's w, x and out lie these many
+  // elements past entry 0's (w's 0 where the entries share it). A single product is one entry.
+  int64_t batch_w = 0, batch_x = 0, batch_out = 0;
 };
+
+// The skinny rungs index N and K with int.
+inline void check_extents(const at::Tensor& a, const at::Tensor& b, const char* algorithm) {
+  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
+  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "torch_mm_variants: ", algorithm,
+              " takes N and K below 2^31, got ", M, "x", K, " and ", K, "x", N);
+}
+
+// The entries of a batch that one launch multiplies, and their strides in elements (see Problem).
+struct Batch {
+  int64_t entries = 1;
+  int64_t x = 0, w = 0, out = 0;
+};
+
+// Whether the weight rows of every entry of `batch` (entry 0's at ptr, ld apart) allow BYTES-wide
+// loads.
+template <typename T, int BYTES = 16>
+bool rows_aligned(const void* ptr, int64_t ld, const Batch& batch) {
+  return rows_aligned<T, BYTES>(ptr, ld) &&
+         (batch.w * static_cast<int64_t>(sizeof(T))) % BYTES == 0;
+}
+
+// The tokens of a batch a [B, M, K] as the kernels read them (entry 0's rows, and the entries'
+// stride): a itself where every entry's rows are K-contiguous and 16-byte aligned, else a copy
+// with padded rows.
+template <typename T>
+std::pair<Rows, int64_t> batch_tokens(const at::Tensor& a) {
+  const int64_t entries = a.size(0), M = a.size(1), K = a.size(2);
+  const int64_t ld = M == 1 ? 0 : a.stride(1);
+  const bool entries_aligned =
+      entries == 1 || (a.stride(0) * static_cast<int64_t>(sizeof(T))) % 16 == 0;
+  if ((a.stride(2) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ld) && entries_aligned) {
+    return {{a.select(0, 0), ld}, a.stride(0)};
+  }
+  const int64_t padded = padded_pitch<T>(K);
+  at::Tensor copy = at::empty({entries, M, padded}, a.options()).narrow(2, 0, K);
+  copy.copy_(a);
+  return {{copy.select(0, 0), padded}, M * padded};
+}
+
+// The weights of a batch b [B, K, N] (or a shared [K, N]) as a rung reads them: entry 0's rows and
+// the entries' stride (0 where shared). Row-major entries ([K, N], N-contiguous) in place where
+// the rung reads them so (n_major), else w = b^T per entry, K-contiguous, in place (an nn.Linear
+// weight's w.t(), attention's keys in q @ k^T) or copied so.
+inline std::pair<Rows, int64_t> batch_weights(const at::Tensor& b, bool n_major) {
+  const bool shared = b.dim() == 2;
+  if (n_major) return {{shared ? b : b.select(0, 0), b.stride(-2)}, shared ? 0 : b.stride(0)};
+  const int64_t K = b.size(-2), N = b.size(-1);
+  at::Tensor w = b.transpose(-2, -1);
+  if (!(w.stride(-1) == 1 || K == 1)) w = w.contiguous();
+  return {{shared ? w : w.select(0, 0), N == 1 ? 0 : w.stride(-2)}, shared ? 0 : w.stride(0)};
+}
+
+// Calls f(a, b, out) on parts of a bmm batch (registry.h's run_batched) of at most 65535 entries,
+// gridDim.z's limit, and checks the extents once.
+template <typename F>
+void in_grid_sized_parts(const at::Tensor& a, const at::Tensor& b, at::Tensor& out,
+                         const char* algorithm, F&& f) {
+  const bool shared = b.dim() == 2;
+  check_extents(a.select(0, 0), shared ? b : b.select(0, 0), algorithm);
+  constexpr int64_t kMaxEntries = 65535;
+  for (int64_t first = 0; first < a.size(0); first += kMaxEntries) {
+    const int64_t entries = std::min(a.size(0) - first, kMaxEntries);
+    at::Tensor out_part = out.narrow(0, first, entries);
+    f(a.narrow(0, first, entries), shared ? b : b.narrow(0, first, entries), out_part);
+  }
+}
 
 // The Problem of x [M, K] times w into out [M, N], K split as `split` says: it owns the buffer
 // of the splits' partial sums, and add_splits, after the kernel, adds them into out.
 template <typename T>
 class SplitProduct {
  public:
-  SplitProduct(const Rows& x, const Rows& w, at::Tensor& out, const KSplit& split)
+  // x, w and out are entry 0's of `batch`, whose entries do not split K.
+  SplitProduct(const Rows& x, const Rows& w, at::Tensor& out, const KSplit& split,
+               const Batch& batch = {})
       : splits_(split.splits) {
+    TORCH_INTERNAL_ASSERT(batch.entries == 1 || splits_ == 1, "a batch's entries split K");
     const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
     if (splits_ > 1) partial_ = at::empty({splits_, M, N}, out.options().dtype(at::kFloat));
     problem_ = Problem<T>{static_cast<const T*>(w.data.data_ptr()),
@@ -153,7 +227,10 @@ class SplitProduct {
                           static_cast<int>(M),
                           static_cast<int>(N),
                           static_cast<int>(K),
-                          split.k_per_block};
+                          split.k_per_block,
+                          batch.w,
+                          batch.x,
+                          batch.out};
   }
 
   const Problem<T>& problem() const { return problem_; }
@@ -173,6 +250,15 @@ class SplitProduct {
 };
 
 // ---- Device helpers of the skinny rungs: loads and stores ----------------------------------
+
+// The problem of this block's entry of a batch (blockIdx.z; entry 0 of a single product).
+template <typename T>
+__device__ __forceinline__ Problem<T> entry_of_batch(Problem<T> p) {
+  p.w += blockIdx.z * p.batch_w;
+  p.x += blockIdx.z * p.batch_x;
+  p.out += blockIdx.z * p.batch_out;
+  return p;
+}
 
 // Stores output (m, n)'s sum over this block's k range: into out, or, where blocks split K, into
 // this block's split of the partial sums.
@@ -225,12 +311,5 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 }
 
 __device__ __forceinline__ uint32_t word(const uint2& v, int i) { return i == 0 ? v.x : v.y; }
-
-// The skinny rungs index N and K with int.
-inline void check_extents(const at::Tensor& a, const at::Tensor& b, const char* algorithm) {
-  const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
-  TORCH_CHECK(N <= INT_MAX && K <= INT_MAX, "torch_mm_variants: ", algorithm,
-              " takes N and K below 2^31, got ", M, "x", K, " and ", K, "x", N);
-}
 
 }  // namespace mm_variants::cuda::skinny
