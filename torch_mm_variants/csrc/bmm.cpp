@@ -82,13 +82,13 @@ bool runs_as_one_product(c10::string_view algorithm, const at::Tensor& rows, con
 // torch.bmm in tensor_core's batched kernel and at 0.01-0.45x in wgmma's launches; batches of 8
 // entries of 2048 x 2048 and 2-4 of 4096 x 4096 at 0.87-1.08x in wgmma's and 0.59-0.71x batched.
 // Entries of at most kDecodeRows rows (a few tokens each, as attention's products are at decode)
-// run in one launch of rung 10's batched kernel whatever their size, where auto's choice for one
-// entry has none: a launch per entry (rungs 11 and 12) cost 5-7 us of the host's time each, and
-// ran at 0.02-0.12x of torch.bmm on batches of 32-128 such products on an H200 (decode.md,
-// "Batches of decode products").
+// run in one launch of the batched rung that auto's heuristic picks among those with a batched
+// kernel (rung 12 or 10), where auto's choice for one entry has none: a launch per entry (rung
+// 11) cost 5-7 us of the host's time each, and ran at 0.02-0.12x of torch.bmm on batches of
+// 32-128 such products on an H200 (decode.md, "Batches of decode products").
 // Entries of more than kFewTokens rows (up to kDecodeRows) whose matrix takes kLargeEntryBytes or
 // more keep auto's choice for one entry where that is a higher rung than the batched kernel's: on
-// the H200 rung 11, a launch per entry, ran 8 bf16 entries of 16 tokens against 4096 x 1024 float32
+// the H200 rung 11, a launch per entry, ran 8 float32 entries of 16 tokens against 4096 x 1024
 // matrices (16 MB) in 111 us where rung 8's batched kernel took 283, and 4 of 64 tokens against
 // 4096 x 4096 in 55 us (bf16) and 163 (float32) where rung 10's batched kernel took 83 and 207. Up
 // to 8 tokens, and below 16 MB (8 bf16 entries of 16 tokens against 4096 x 1024: 28 us batched,
