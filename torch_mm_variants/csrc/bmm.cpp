@@ -61,8 +61,8 @@ std::optional<at::Tensor> batch_as_rows(const at::Tensor& a) {
 }
 
 // Whether `algorithm` runs rows @ b as one product: auto always, a named algorithm where it takes
-// that many rows (a skinny rung takes a few; a batch of more then runs entry by entry, as before).
-// Inputs that the checks refuse, and unknown names, go the entry-by-entry way to those checks.
+// that many rows (a skinny rung takes a few; a batch of more then runs as a batch). Inputs that
+// the checks refuse, and unknown names, go the batch's way to those checks.
 bool runs_as_one_product(c10::string_view algorithm, const at::Tensor& rows, const at::Tensor& b) {
   if (algorithm == "auto") return true;
   if (rows.scalar_type() != b.scalar_type() || rows.device() != b.device()) return false;
