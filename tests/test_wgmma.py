@@ -111,23 +111,18 @@ def test_float32_copies_one_operand_where_neither_is_k_major(m, n, k, copied):
     torch.manual_seed(0)
     a = random_matrix(k, m, torch.float32, "cuda").t()
     b = random_matrix(k, max(n, 4), torch.float32, "cuda")[:, :n]  # rows 16-byte aligned
-    previous = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
-        assert len(names) == 1, names
-        if copied is None:
-            assert "tensor_core_kernel" in names[0], names
-        else:
-            assert "wgmma_kernel" in names[0], names
-            # a copied A [M, K] is row-major: the product runs transposed, B^T from registers
-            stored_transposed = copied == "a"
-            assert (", true>, float, false, true," in names[0]) == stored_transposed, names
-        if n > 1:
-            assert mmv.auto_choice(a, b) == (ALGORITHM if copied else "tensor_core")
-        assert_matches_reference(a, b, ALGORITHM)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = previous
+    names = product_kernels(lambda: mmv.matmul(a, b, ALGORITHM))
+    assert len(names) == 1, names
+    if copied is None:
+        assert "tensor_core_kernel" in names[0], names
+    else:
+        assert "wgmma_kernel" in names[0], names
+        # a copied A [M, K] is row-major: the product runs transposed, B^T from registers
+        stored_transposed = copied == "a"
+        assert (", true>, float, false, true," in names[0]) == stored_transposed, names
+    if n > 1:
+        assert mmv.auto_choice(a, b) == (ALGORITHM if copied else "tensor_core")
+    assert_matches_reference(a, b, ALGORITHM)
 
 
 @needs_sm90
