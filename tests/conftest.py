@@ -244,6 +244,11 @@ def launched_kernels(run) -> list[dict]:
     return [e for e in events if e.get("cat") == "kernel"]
 
 
+def product_kernels(run) -> list[str]:
+    """The names of the package's kernels that run() launches (not ATen's copies or fills)."""
+    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
+
+
 def capture_graph(work, stream=None):
     """(graph, work()'s result) with work() captured into the CUDA graph rather than run. Kernels
     that load modules or opt into shared memory on first use need a warm-up call first (e.g.

@@ -8,7 +8,7 @@ import torch
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
                       assert_gradients_match, assert_result, capture_graph, devices,
-                      gpu_available, launched_kernels, random_matrix, relative_error,
+                      gpu_available, product_kernels, random_matrix, relative_error,
                       run_accepted)
 
 
@@ -108,8 +108,7 @@ def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
     try:
         a = torch.randn(16, 200, 96, device="cuda", dtype=dtype)
         b = torch.randn(16, 96, 300, device="cuda", dtype=dtype)
-        names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b))
-                 if "mm_variants" in e["name"]]
+        names = product_kernels(lambda: mmv.matmul(a, b))
         decision = mmv.explain_auto(a, b)
         one_entry = mmv.auto_choice(a[0], b[0])
         assert len(names) == 1 and decision["algorithm"] == "tensor_core", (names, decision)
@@ -117,11 +116,6 @@ def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
         check_bmm(a, b, "auto")
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
-
-
-def product_kernels(run):
-    """The names of the package's kernels that run() launches (not copies or fills)."""
-    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
 
 
 needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.algorithms("cuda"),

@@ -14,7 +14,8 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, assert_result, capture_graph, gpu_available,
-                      kernel_sass, launched_kernels, random_matrix, sm90a_available, tolerance_for)
+                      kernel_sass, launched_kernels, product_kernels, random_matrix,
+                      sm90a_available, tolerance_for)
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -57,11 +58,6 @@ def test_refused_by_name_on_other_gpus():
 def test_listed_on_sm90():
     assert ALGORITHM in mmv.algorithms("cuda")
     assert sorted(mmv._C.algorithm_dtypes("cuda", ALGORITHM)) == ["BFloat16", "Float", "Half"]
-
-
-def product_kernels(run):
-    """The names of the package's kernels that run() launches (not the poisoning fill)."""
-    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
 
 
 @needs_sm90
