@@ -1,11 +1,15 @@
 """Benchmark of the skinny rungs and `auto` on LLM decode shapes: out = x @ w.t() for an
 nn.Linear weight w [N, K] and M tokens, beside torch.mm on the same x and w.t(). With
 --weight row-major the weight is stored [K, N] instead, row by row (out = x @ w, as for a
-weight kept [in, out]).
+weight kept [in, out]). With --batch B, x is [B, M, K] and each of the B entries has its own
+matrix, beside torch.bmm: attention at decode, q @ k^T (--shapes LxD for a key cache [B, L, D],
+D the head size, L the context) and attn @ v (--shapes DxL --weight row-major for values
+[B, L, D]), or a batch of experts' weights.
 
     python scripts/bench_skinny.py
     python scripts/bench_skinny.py --m 1,16 --shapes 4096x14336 --dtypes bfloat16 --output rows.json
     python scripts/bench_skinny.py --weight row-major --timing graph
+    python scripts/bench_skinny.py --batch 32 --m 1 --shapes 4096x128 --dtypes float32
 
 Each (M, N, K) and algorithm is checked against a float64 product first, then timed, torch.mm
 right before and after it; its speed-up is over the mean of the two, and the torch.mm column
@@ -15,7 +19,8 @@ ERROR with the message: neither is timed, both are written with ok=false, and th
 is 1. One whose timing raises shows ERROR too. Where an error leaves the CUDA context dead (an
 illegal memory access), the run stops there, writes the rows measured so far and exits with
 status 1. torch.mm and ours rotate over enough weight copies that L2 cannot hold them, so every
-call streams its weight from memory, as in decode. GB/s counts the weight bytes only. Two ways
+call streams its weight from memory, as in decode. GB/s counts the weight bytes only (all B
+entries' with --batch, whose rows give torch.bmm's time where they say torch.mm). Two ways
 of timing (--timing):
 - flush (default): triton.testing.do_bench, median of single calls, each after do_bench has
   cleared L2 by writing a 256 MB buffer. The call's reads then also push those dirty lines back
@@ -56,6 +61,9 @@ def parse_args(argv=None):
     p.add_argument("--algorithms", default=None,
                    help="comma-separated mm_variants algorithms to time (default: auto and every "
                         "skinny rung this GPU lists)")
+    p.add_argument("--batch", type=bench.positive_int, default=None,
+                   help="B entries, each x [M, K] against its own weight (torch.bmm's "
+                        "product; default: one product, torch.mm's)")
     p.add_argument("--weight", choices=WEIGHT_LAYOUTS, default="linear",
                    help="the weight as nn.Linear's w [N, K] (read as w.t(), K-contiguous) or "
                         "stored row-major [K, N]")
@@ -98,13 +106,15 @@ def dtype_names(text: str) -> list[str]:
 WEIGHT_LAYOUTS = ("linear", "row-major")
 
 
-def weight_copy(n: int, k: int, dtype: torch.dtype, layout: str, device="cuda") -> torch.Tensor:
-    """A random weight w as the benchmark multiplies it, x @ w.t(): an nn.Linear weight [N, K]
-    ("linear"), or the transpose of one stored [K, N] ("row-major"), whose w.t() is that
-    row-major matrix."""
+def weight_copy(n: int, k: int, dtype: torch.dtype, layout: str, device="cuda",
+                batch: int | None = None) -> torch.Tensor:
+    """A random weight w as the benchmark multiplies it, x @ w.mT: an nn.Linear weight [N, K]
+    ("linear"), or the transpose of one stored [K, N] ("row-major"), whose w.mT is that
+    row-major matrix; with `batch`, B of them, [B, N, K] or [B, K, N] transposed."""
+    entries = () if batch is None else (batch,)
     if layout == "row-major":
-        return torch.randn(k, n, device=device).to(dtype).t()
-    return torch.randn(n, k, device=device).to(dtype)
+        return torch.randn(*entries, k, n, device=device).to(dtype).mT
+    return torch.randn(*entries, n, k, device=device).to(dtype)
 
 
 def copies_needed(weight_bytes: int) -> int:
@@ -120,7 +130,7 @@ def flush_us(fn, inputs) -> float:
     def step():
         x, w = inputs[state["i"] % len(inputs)]
         state["i"] += 1
-        return fn(x, w.t())
+        return fn(x, w.mT)
     # do_bench clears L2 before every call; 25 ms of calls gives thousands of samples here.
     return 1e3 * float(do_bench(step, warmup=5, rep=25, return_mode="median"))
 
@@ -132,12 +142,12 @@ def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         for x, w in sequence[:len(inputs)]:
-            fn(x, w.t())
+            fn(x, w.mT)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for x, w in sequence:
-            fn(x, w.t())
+            fn(x, w.mT)
     graph.replay()
     times = []
     for _ in range(replays):
@@ -155,13 +165,13 @@ def eager_us(fn, inputs, calls: int = 48, repeats: int = 15) -> float:
     the GPU in between: wall time from an idle GPU until the last call's work is done."""
     sequence = [inputs[i % len(inputs)] for i in range(calls)]
     for x, w in sequence[:len(inputs)]:  # first calls (shared-memory opt-ins) untimed
-        fn(x, w.t())
+        fn(x, w.mT)
     times = []
     for _ in range(repeats):
         torch.cuda.synchronize()
         start = time.perf_counter()
         for x, w in sequence:
-            fn(x, w.t())
+            fn(x, w.mT)
         torch.cuda.synchronize()
         times.append(1e6 * (time.perf_counter() - start) / calls)
     return statistics.median(times)
@@ -170,8 +180,9 @@ def eager_us(fn, inputs, calls: int = 48, repeats: int = 15) -> float:
 TIMINGS = ("flush", "graph", "eager")
 
 
-def measure(inputs, algorithms, time_us, tolerance: float):
-    """One (M, N, K): a result per algorithm, and torch.mm's time (the median of its timings).
+def measure(inputs, algorithms, time_us, tolerance: float, baseline=torch.mm):
+    """One (M, N, K): a result per algorithm, and the time of torch.mm (`baseline`: torch.bmm
+    for a batch) as the median of its timings.
     An algorithm that does not take these inputs (dtype, or M past a skinny rung's) is skipped
     with its reason; one whose product fails the check against float64, or raises, is not
     timed. torch.mm is timed right before and after each algorithm, which is compared with the
@@ -181,11 +192,14 @@ def measure(inputs, algorithms, time_us, tolerance: float):
     error left the CUDA context dead."""
     x, w = inputs[0]
     # Every copy's product is checked, not the first only: the timed calls run on all of them.
-    products = [(x_, w_.t()) for x_, w_ in inputs]
-    references = [x_.double() @ w_.double().t() for x_, w_ in inputs]
-    results, beside = [], bench.BesideTorchMm(lambda: time_us(torch.mm, inputs))
+    products = [(x_, w_.mT) for x_, w_ in inputs]
+    references = [x_.double() @ w_.double().mT for x_, w_ in inputs]
+    results, beside = [], bench.BesideTorchMm(lambda: time_us(baseline, inputs))
     for algorithm in algorithms:
-        accepted, why = mmv._C.algorithm_accepts(algorithm, x, w.t())
+        # A batch's entries are products of their own: an algorithm takes the batch where it
+        # takes one entry (one launch or a launch per entry, as torch_mm_variants.matmul runs it).
+        accepted, why = mmv._C.algorithm_accepts(algorithm, x.reshape(-1, *x.shape[-2:])[0],
+                                                 w.reshape(-1, *w.shape[-2:])[0].mT)
         if not accepted:
             results.append({"algorithm": algorithm, "skipped": why})
             continue
@@ -198,11 +212,12 @@ def measure(inputs, algorithms, time_us, tolerance: float):
                         "speedup": torch_mm_us / us, "rel_error": err,
                         "ok": err <= tolerance and error is None, "error": error})
         bench.stop_if_context_lost(error, results)
-    baseline, error = beside.torch_mm_time()
+    baseline_us, error = beside.torch_mm_time()
     if error is not None:
-        results.append({"algorithm": bench.BASELINE, "us": baseline, "ok": False, "error": error})
+        results.append({"algorithm": bench.BASELINE, "us": baseline_us, "ok": False,
+                        "error": error})
         bench.stop_if_context_lost(error, results)
-    return results, baseline
+    return results, baseline_us
 
 
 def cell(result: dict) -> str:
@@ -215,7 +230,8 @@ def cell(result: dict) -> str:
     return f"{result['us']:.1f} ({result['speedup']:.2f}x)"
 
 
-def report(case: dict, weight_bytes: int, results: list, baseline: float, rows: list) -> bool:
+def report(case: dict, weight_bytes: int, results: list, baseline_us: float,
+           rows: list) -> bool:
     """Prints the table line of one (dtype, M, N, K), `case`, and adds its rows to `rows`;
     whether every algorithm there (and torch.mm's own timing) succeeded."""
     measured = [r for r in results if "skipped" not in r]
@@ -223,27 +239,38 @@ def report(case: dict, weight_bytes: int, results: list, baseline: float, rows: 
     failed_mm = [r for r in results if r["algorithm"] == bench.BASELINE]
     times = [r["us"] for r in measured if r["ok"]]
     best = weight_bytes / min(times) / 1e3 if times else float("nan")
-    print(f"| {case['dtype']} | {case['m']} | {case['n']} | {case['k']} "
-          f"| {cell(failed_mm[0]) if failed_mm else f'{baseline:.1f}'} "
-          f"| {weight_bytes / baseline / 1e3:.0f} | "
+    batch = "" if case["batch"] is None else f"| {case['batch']} "
+    print(f"{batch}| {case['dtype']} | {case['m']} | {case['n']} | {case['k']} "
+          f"| {cell(failed_mm[0]) if failed_mm else f'{baseline_us:.1f}'} "
+          f"| {weight_bytes / baseline_us / 1e3:.0f} | "
           + " | ".join(cell(r) for r in results if r["algorithm"] != bench.BASELINE)
           + f" | {best:.0f} |", flush=True)
     return all(r["ok"] for r in measured)
 
 
-def cases(dtypes: list[str], shapes: list[tuple[int, int]], ms: list[int], layout: str):
-    """(dtype name, M, N, K, weight bytes, inputs) for each point: x [M, K] with each of the
-    weight copies [N, K] (weight_copy), as many as L2 cannot hold."""
+def cases(dtypes: list[str], shapes: list[tuple[int, int]], ms: list[int], layout: str,
+          batch: int | None = None):
+    """(dtype name, M, N, K, weight bytes, inputs) for each point: x [M, K] ([B, M, K] with
+    `batch`) with each of the weight copies (weight_copy), as many as L2 cannot hold."""
+    entries = () if batch is None else (batch,)
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
         for n, k in shapes:
-            weight_bytes = n * k * dtype.itemsize
-            weights = [weight_copy(n, k, dtype, layout)
+            weight_bytes = (batch or 1) * n * k * dtype.itemsize
+            weights = [weight_copy(n, k, dtype, layout, batch=batch)
                        for _ in range(copies_needed(weight_bytes))]
             for m in ms:
                 yield dtype_name, m, n, k, weight_bytes, [
-                    (torch.randn(m, k, device="cuda").to(dtype), w) for w in weights]
+                    (torch.randn(*entries, m, k, device="cuda").to(dtype), w) for w in weights]
             del weights  # before the next shape's copies are made
+
+
+def product_text(layout: str, batch: int | None) -> str:
+    """The header's words for the product timed."""
+    x = "x [M, K]" if batch is None else f"x [B, M, K], B = {batch}"
+    if layout == "row-major":
+        return f"{x}; x @ w, w [K, N] row-major" + ("" if batch is None else " per entry")
+    return f"{x}; x @ w.t(), w [N, K]" + ("" if batch is None else " per entry")
 
 
 def main(argv=None) -> int:
@@ -255,24 +282,26 @@ def main(argv=None) -> int:
                   ["auto"] + [a for a in mmv.algorithms("cuda") if a.startswith("skinny")])
     time_us = {"flush": flush_us, "graph": graph_us, "eager": eager_us}[args.timing]
     gpu = torch.cuda.get_device_name()  # in every row too: the data names its GPU
-    product = "x @ w, w [K, N] row-major" if args.weight == "row-major" else "x @ w.t(), w [N, K]"
-    print(f"# {', '.join(algorithms)} vs torch.mm on {gpu}, "
-          f"torch {torch.__version__}; x [M, K]; {product}; us (speed-up over torch.mm), "
+    baseline, name = (torch.mm, "torch.mm") if args.batch is None else (torch.bmm, "torch.bmm")
+    print(f"# {', '.join(algorithms)} vs {name} on {gpu}, torch {torch.__version__}; "
+          f"{product_text(args.weight, args.batch)}; us (speed-up over {name}), "
           f"{args.timing} timing")
-    print("| dtype | M | N | K | torch.mm us | torch.mm GB/s | "
+    batch_column = ("", "") if args.batch is None else ("| B ", "| ---: ")
+    print(f"{batch_column[0]}| dtype | M | N | K | {name} us | {name} GB/s | "
           + " | ".join(algorithms) + " | best GB/s |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | " + "---: | " * len(algorithms) + "---: |")
+    print(f"{batch_column[1]}| --- | ---: | ---: | ---: | ---: | ---: | "
+          + "---: | " * len(algorithms) + "---: |")
     rows, ok, lost = [], True, None
     for dtype_name, m, n, k, weight_bytes, inputs in cases(args.dtypes, args.shapes, args.m,
-                                                          args.weight):
+                                                          args.weight, args.batch):
         try:
-            results, baseline = measure(inputs, algorithms, time_us,
-                                        bench.TOLERANCE[DTYPES[dtype_name]])
+            results, baseline_us = measure(inputs, algorithms, time_us,
+                                           bench.TOLERANCE[DTYPES[dtype_name]], baseline)
         except bench.ContextLost as error:  # written with the rest, and the run stops
-            lost, results, baseline = error, error.rows, float("nan")
-        case = {"device_name": gpu, "dtype": dtype_name, "m": m, "n": n, "k": k,
-                "weight": args.weight, "timing": args.timing}
-        ok = report(case, weight_bytes, results, baseline, rows) and ok
+            lost, results, baseline_us = error, error.rows, float("nan")
+        case = {"device_name": gpu, "dtype": dtype_name, "batch": args.batch, "m": m, "n": n,
+                "k": k, "weight": args.weight, "timing": args.timing}
+        ok = report(case, weight_bytes, results, baseline_us, rows) and ok
         if lost:
             break
     if args.output:

@@ -391,6 +391,69 @@ def test_bench_skinny_weight_layouts(layout):
     assert b.stride() == ((1, 40) if layout == "linear" else (24, 1))
 
 
+@pytest.mark.parametrize("layout", ["linear", "row-major"])
+def test_bench_skinny_batch_gives_each_entry_its_own_weight(layout):
+    """--batch B: B weights [N, K] (or [K, N] stored row by row), read as w.mT, one per entry of
+    x [B, M, K]."""
+    skinny = load_bench_skinny()
+    assert skinny.parse_args(["--batch", "3"]).batch == 3
+    assert skinny.parse_args([]).batch is None
+    w = skinny.weight_copy(24, 40, torch.float32, layout, device="cpu", batch=3)
+    assert w.shape == (3, 24, 40)
+    assert w.mT.stride() == ((960, 1, 40) if layout == "linear" else (960, 24, 1))
+
+
+def test_bench_skinny_batch_times_torch_bmm_beside_each_algorithm(monkeypatch):
+    """With a batch, measure checks every entry's product against float64, asks whether an
+    algorithm takes one entry, and times torch.bmm (the baseline given) beside each algorithm."""
+    skinny = load_bench_skinny()
+    asked, timed = [], []
+    accepts = mmv._C.algorithm_accepts
+
+    def accepts_entry(name, a, b):
+        asked.append((a.dim(), b.dim()))
+        return accepts(name, a, b)
+
+    monkeypatch.setattr(mmv._C, "algorithm_accepts", accepts_entry)
+
+    def time_us(fn, inputs):
+        x, w = inputs[0]
+        assert fn(x, w.mT).shape == (3, 5, 24)
+        timed.append("torch.bmm" if fn is torch.bmm else "ours")
+        return float(len(timed))
+
+    inputs = [(torch.randn(3, 5, 40), skinny.weight_copy(24, 40, torch.float32, "row-major",
+                                                         device="cpu", batch=3))
+              for _ in range(2)]
+    results, baseline = skinny.measure(inputs, ["naive", "parallel"], time_us, 1e-5, torch.bmm)
+    assert asked == [(2, 2), (2, 2)]
+    assert timed == ["torch.bmm", "ours", "torch.bmm"] * 2
+    assert [r["ok"] for r in results] == [True, True] and baseline == 3.5
+
+
+def test_bench_skinny_batch_rows_and_header(tmp_path, monkeypatch, capsys):
+    """main with --batch: the table has a B column and names torch.bmm, and each row carries B
+    and the weight bytes of every entry (CPU tensors standing in for the GPU's)."""
+    skinny = load_bench_skinny()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
+    monkeypatch.setattr(mmv, "has_cuda", lambda: True)
+    monkeypatch.setattr(skinny, "copies_needed", lambda weight_bytes: 2)
+    randn = torch.randn
+    monkeypatch.setattr(skinny.torch, "randn", lambda *size, device=None: randn(*size))
+    monkeypatch.setattr(skinny, "flush_us", lambda fn, inputs: (fn(inputs[0][0], inputs[0][1].mT),
+                                                             2.0)[1])
+    out = tmp_path / "rows.json"
+    assert skinny.main(["--batch", "4", "--m", "2", "--shapes", "24x40", "--dtypes", "float32",
+                        "--algorithms", "parallel", "--output", str(out)]) == 0
+    (row,) = json.loads(out.read_text())
+    assert (row["batch"], row["m"], row["n"], row["k"], row["ok"]) == (4, 2, 24, 40, True)
+    assert row["gbs"] == 4 * 24 * 40 * 4 / 2.0 / 1e3
+    printed = capsys.readouterr().out
+    assert "vs torch.bmm" in printed and "| B | dtype | M | N | K | torch.bmm us |" in printed
+    assert "| 4 | float32 | 2 | 24 | 40 | 2.0 |" in printed
+
+
 def test_bench_skinny_eager_timing_rotates_the_weights_and_waits_for_the_gpu(monkeypatch):
     """--timing eager: the calls rotate over the weight copies, each timed repeat starts from an
     idle GPU and ends when its work is done, and the time is per call (CPU tensors here, the
@@ -527,7 +590,7 @@ def test_bench_skinny_main_writes_failed_rows_and_stops_at_a_dead_context(
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Fake GPU")
     monkeypatch.setattr(mmv, "has_cuda", lambda: True)
 
-    def cases(dtypes, shapes, ms, layout):
+    def cases(dtypes, shapes, ms, layout, batch):
         for m in ms:
             yield "float32", m, 24, 40, 24 * 40 * 4, [(torch.randn(m, 40), torch.randn(24, 40))
                                                       for _ in range(2)]
