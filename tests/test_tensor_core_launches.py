@@ -70,12 +70,25 @@ def test_linear_other_layouts_apply_the_epilogue_after_the_plain_kernel():
 
 @pytest.mark.parametrize("shared_b", [False, True])
 def test_bmm_runs_a_batch_in_one_launch(shared_b):
+    """A batch whose entries' rows do not follow one another (here a is a transposed view)
+    runs on the batched kernel, against its own b per entry or a shared one."""
     torch.manual_seed(0)
-    a = torch.randn(6, 40, 96, device="cuda", dtype=torch.bfloat16)
+    a = torch.randn(40, 6, 96, device="cuda", dtype=torch.bfloat16).transpose(0, 1)
     b = torch.randn(*(() if shared_b else (6,)), 96, 24, device="cuda", dtype=torch.bfloat16)
     names = kernel_names(lambda: mmv.matmul(a, b, ALGORITHM))
     launched = tensor_core_kernels(names)
     assert len(launched) == 1 and "BatchStrides" in launched[0], names
+
+
+def test_bmm_against_a_shared_b_runs_its_rows_as_one_product():
+    """Entries whose rows follow one another against a shared b are one product of B * M rows:
+    one launch of the single product's kernel."""
+    torch.manual_seed(0)
+    a = torch.randn(6, 40, 96, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(96, 24, device="cuda", dtype=torch.bfloat16)
+    names = kernel_names(lambda: mmv.matmul(a, b, ALGORITHM))
+    launched = tensor_core_kernels(names)
+    assert len(launched) == 1 and "SingleEntry" in launched[0], names
 
 
 def test_bmm_beyond_the_grid_limit_takes_one_launch_per_65535_entries():
