@@ -32,8 +32,10 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # row of 33 tiles, a K tail in the last split). Of the small shapes above, (136, 264, 72) runs in
 # 128 x 64 tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles
 # (17-24 tokens) and 8 (49-64). skinny_gemv's 2 and 4 tokens, and its K split over blocks (both
-# weight layouts: the transposed layouts of b are its row-major weight), and its row-major blocks
-# of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs).
+# weight layouts: the transposed layouts of b are its row-major weight), its row-major blocks
+# of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs), and its
+# K-contiguous blocks whose warps own rows (a short K over 99 or more blocks of 32 rows: the last
+# three shapes, and the batch of 40 entries below).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
                                 (2, 6000, 700), (1, 12000, 264)],
@@ -46,7 +48,8 @@ EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
 DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloat16}
 # Batches (mm_variants::bmm), for the algorithms that run a whole one in a launch: (B, M, N, K),
 # with a and b as (layout of a, layout of b) in BATCH_LAYOUTS.
-BATCH_SHAPES = [(3, 7, 5, 3), (3, 2, 150, 700), (3, 33, 17, 65), (2, 64, 70, 300)]
+BATCH_SHAPES = [(3, 7, 5, 3), (3, 2, 150, 700), (3, 33, 17, 65), (2, 64, 70, 300),
+                (40, 1, 100, 130)]
 # "gap": entries one element further apart than their size, so that only entry 0 is 16-byte
 # aligned; "shared": one 2-D b for every entry, against an a whose entries do not fold into one
 # matrix (column-major), so that the batch runs as a batch.

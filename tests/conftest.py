@@ -153,6 +153,15 @@ def run_checked(a, b, algorithm):
     return run_accepted(algorithm, a, b, lambda: mmv.matmul(a, b, algorithm))
 
 
+def check_bmm(a, b, algorithm):
+    """run_accepted for a batch a [B, M, K] against b [B, K, N] or a shared [K, N], asking
+    whether `algorithm` takes one entry's product, then checks the batch against float64."""
+    result = run_accepted(algorithm, a[0], b if b.dim() == 2 else b[0],
+                          lambda: mmv.matmul(a, b, algorithm))
+    if result is not None:
+        assert_result(result[0], a.double() @ b.double(), a.dtype, a.device, result[1])
+
+
 def assert_result(out, ref, dtype, device, tolerance, scale=None):
     """A fresh contiguous output of the inputs' dtype and device, every element written, within
     `tolerance` of the float64 reference by relative error (relative to `scale` where given)."""

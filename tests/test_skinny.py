@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (assert_matches_reference, capture_graph, gpu_available, gpu_capability,
-                      kernel_sass, launched_kernels, random_matrix, sm90a_available,
-                      tf32_allowed)
+from conftest import (assert_matches_reference, capture_graph, check_bmm, gpu_available,
+                      gpu_capability, kernel_sass, launched_kernels, random_matrix,
+                      sm90a_available, tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -342,6 +342,49 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
             products = [name for name in names if "sum_splits_kernel" not in name]
             assert len(products) == 1 and all(kind in products[0] for kind in kinds), names
             assert_matches_reference(x, w, "skinny_gemv")
+
+
+def gemv_warps_own_rows(m: int, n: int, k: int, dtype: torch.dtype, sms: int,
+                        entries: int = 1) -> bool:
+    """Whether skinny_gemv's K-contiguous blocks give each of their 8 warps 4 weight rows of its
+    own rather than splitting K between them: where K is at most a step for each warp (a step is
+    32 lanes' 16-byte loads of each row, 3, 2, 2 or 1 of them at 1, 2, 3-4 and 5-8 tokens) and
+    such blocks of 32 rows, over every entry of a batch, fill three quarters of the SMs."""
+    tokens = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
+    step = 32 * (16 // torch.tensor([], dtype=dtype).element_size()) * max(1, 16 // (4 + tokens))
+    return k <= 8 * step and 4 * -(-n // 32) * entries >= 3 * sms
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemv_warps_own_rows_where_k_is_short(dtype):
+    """Short K (q @ k^T's head size, a LoRA's rank): each warp of a K-contiguous block takes
+    rows of its own where splitting K would leave warps idle, on products and batches of entries
+    just off the K of one step per warp and the blocks that fill three quarters of the SMs; rows
+    16-byte aligned or one element in; each checked against float64."""
+    torch.manual_seed(0)
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    load = 32 * (16 // torch.tensor([], dtype=dtype).element_size())  # k of a warp's 16-byte load
+    enough = -(-3 * sms // 4) * 32  # the fewest rows whose blocks of 32 fill 3/4 of the SMs
+    cases = [(1, enough, 128, 1), (1, enough - 32, 128, 1), (1, enough + 5, 24 * load, 1),
+             (1, 5000, 24 * load + 8, 1), (2, enough, 16 * load, 1), (2, 5000, 16 * load + 8, 1),
+             (3, 5000, 16 * load, 1), (4, 5000, 16 * load + 8, 1), (8, 4100, 8 * load, 1),
+             (6, 4100, 8 * load + 8, 1), (7, 4100, 72, 1), (1, 1024, 128, 4), (4, 1000, 200, 3),
+             (1, 33, 64, 128)]
+    for m, n, k, entries in cases:
+        for offset in (0, 1):
+            w = torch.randn(entries, n, k + offset, device="cuda").to(dtype)[..., offset:]
+            x = torch.randn(entries, m, k, device="cuda").to(dtype)
+            b = w.mT if entries > 1 else w[0].t()
+            a = x if entries > 1 else x[0]
+            names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
+                     if "k_major_kernel" in e["name"]]
+            own = gemv_warps_own_rows(m, n, k, dtype, sms, entries)
+            flags = rf", {str(entries > 1).lower()}, {str(own).lower()}>\("  # BATCHED, WARP_ROWS
+            assert len(names) == 1 and re.search(flags, names[0]), (m, n, k, entries, names)
+            if entries > 1:
+                check_bmm(a, b, "skinny_gemv")
+            else:
+                assert_matches_reference(a, b, "skinny_gemv")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

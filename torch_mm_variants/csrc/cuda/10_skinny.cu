@@ -59,7 +59,6 @@ constexpr int kShape[] = {MM_VARIANTS_SKINNY};
 constexpr int kWarps = kShape[0], kVectors = kShape[1];
 constexpr int kThreads = 32 * kWarps;
 constexpr int kRows = 16;  // output columns (rows of w) of a block
-constexpr int kMaxSplits = 16;
 // Token tiles up to which a row-major weight with 16-byte aligned rows is read in blocks of 32
 // columns (N_TILES = 2 in skinny_kernel). With 6 or 8 tiles the warps' sums would take over the
 // 48 KB of static shared memory (and 8 spilled registers), so those keep 16 columns.
@@ -180,8 +179,8 @@ template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILE
           bool BATCHED = false>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny::Problem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
-  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   static_assert(N_TILES == 1 || N_MAJOR, "a K-contiguous block owns 16 columns");
+  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   using E = Bits<T>;
   using Op = SkinnyMma<T>;
   using Shape = StepShape<T, TILES, N_TILES>;
@@ -440,11 +439,9 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   constexpr int kStep = StepShape<T, TILES, N_TILES>::kStep;
   const int64_t K = x.size(1), N = out.size(1);
   const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES));
-  const KSplit split =
-      batch.entries > 1
-          ? KSplit{1, K}
-          : split_k(blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps, kMaxSplits);
-  const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out, split, batch);
+  const skinny::SplitProduct<T> product(
+      {x, ldx}, {w, ldw}, out,
+      skinny::split_for(batch, blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps), batch);
   // 16-bit inputs from 9 tokens launch early (a programmatic dependent launch): the blocks start
   // while the kernel before them finishes and wait for it in the kernel. Launched back to back on
   // a stream, a stand-alone copy (H100, bf16, 16-64 tokens) ran 1.02-1.05 times as fast so on a
@@ -459,8 +456,7 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   // graphs, 16 tokens on 4096 x 14336 took 75.0 us against 48.5 at one token. The 32-column
   // kernels (9-32 tokens) take 103-128 registers, two blocks an SM, and launch early.
   const auto run = [&](auto kernel) {
-    KernelLaunch launch(dim3(blocks, product.splits(), static_cast<unsigned>(batch.entries)),
-                        kThreads, 0);
+    KernelLaunch launch(skinny::grid_of(blocks, product.splits(), batch), kThreads, 0);
     launch.starting_early(sizeof(T) == 2 && TILES >= 2 && sm90a(x.device()) &&
                           resident_blocks_per_sm(kernel, kThreads, 0) <= 2);
     launch.run(kernel, product.problem());

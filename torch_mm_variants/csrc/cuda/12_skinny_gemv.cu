@@ -12,7 +12,8 @@
 // - K-contiguous weight: a block owns kRowsPerBlock weight rows and its warps split K in
 //   interleaved steps. In a step a lane loads 16-byte vectors of every row and the x vectors of
 //   the same k before it uses any, so each SM keeps tens of KB in flight; a warp's load of a row
-//   is 512 contiguous bytes.
+//   is 512 contiguous bytes. Where K is too short for every warp to take a step, each warp owns
+//   rows of its own instead.
 // - N-contiguous weight: a block owns 128 bytes of columns of each weight row (32 floats, 64
 //   16-bit elements: one 128-byte line where the rows are so aligned). A warp's load takes them
 //   from 4 rows, 4 apart (8 lanes a row); a lane loads 4 consecutive rows per step (so one vector
@@ -49,7 +50,6 @@ using skinny::word;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 constexpr int kMaxTokens = 8;
-constexpr int kMaxSplits = 16;
 // K-contiguous: the weight rows of a block.
 constexpr int kRowsPerBlock = 4;
 // N-contiguous: the lanes that share a 128-byte line of a weight row, the rows of one warp load,
@@ -123,8 +123,10 @@ __device__ __forceinline__ void add_and_store(const Problem<T>& p,
 }
 
 // K-contiguous weight: block blockIdx.x computes out[:, R bx : R bx + R] (R = kRowsPerBlock) over
-// its k range. A split's k range is whole warp steps, not whole block steps, so some of its warps
-// may take one step more than others (rung 10 splits the same way).
+// its k range, its warps splitting it. A split's k range is whole warp steps, not whole block
+// steps, so some of its warps may take one step more than others (rung 10 splits the same way).
+// WARP_ROWS: each warp has R rows of its own over the whole k range instead, the block 8 R rows
+// (a short K, warps_own_rows), and its sums need no adding across warps.
 // W_VECTOR: w's pointer and leading dimension are 16-byte aligned. BATCHED: entry blockIdx.z of a
 // batch (a kernel of its own: the offsets cost a single product's kernels up to a block per SM).
 // float32's batched kernels are held to two blocks an SM (128 registers, no spills), as its single
@@ -134,14 +136,15 @@ __device__ __forceinline__ void add_and_store(const Problem<T>& p,
 template <typename T, bool BATCHED>
 constexpr int kMinKMajorBlocks = BATCHED && sizeof(T) == 4 ? 2 : 0;
 
-template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED = false>
+template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED = false, bool WARP_ROWS = false>
 __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
     k_major_kernel(Problem<T> p) {
   if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   constexpr int V = kVec<T>, U = kVectorsPerRow<TOKENS>;
   constexpr int kStep = 32 * V * U;  // k of a warp's step
+  constexpr int kKWarps = WARP_ROWS ? 1 : kWarps;  // the warps that split a row's k range
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int n0 = blockIdx.x * kRowsPerBlock;
+  const int n0 = (blockIdx.x * (kWarps / kKWarps) + (WARP_ROWS ? warp : 0)) * kRowsPerBlock;
   int64_t k_begin, k_end;
   block_k_range(p, k_begin, k_end);
   // Rows past N and tokens past M read the last valid one, and feed sums never stored.
@@ -153,7 +156,8 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
   for (int m = 0; m < TOKENS; ++m) x_row[m] = p.x + std::min(m, p.M - 1) * p.ldx;
 
   float acc[kRowsPerBlock][TOKENS] = {};
-  for (int64_t base = k_begin + warp * kStep; base < k_end; base += kWarps * kStep) {
+  for (int64_t base = k_begin + (WARP_ROWS ? 0 : warp) * kStep; base < k_end;
+       base += kKWarps * kStep) {
     uint4 wv[U][kRowsPerBlock], xv[U][TOKENS];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -193,7 +197,13 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
   }
   __syncthreads();
   const int e = threadIdx.x;
-  if (e < kRowsPerBlock * TOKENS) add_and_store(p, sums, e, e % TOKENS, n0 + e / TOKENS);
+  if constexpr (WARP_ROWS) {  // each warp's sums are whole: stored as they are
+    const int w = e / (kRowsPerBlock * TOKENS), i = e % (kRowsPerBlock * TOKENS);
+    const int m = i % TOKENS, n = (blockIdx.x * kWarps + w) * kRowsPerBlock + i / TOKENS;
+    if (w < kWarps && m < p.M && n < p.N) skinny::store_sum(p, m, n, sums[w][i]);
+  } else if (e < kRowsPerBlock * TOKENS) {
+    add_and_store(p, sums, e, e % TOKENS, n0 + e / TOKENS);
+  }
 }
 
 // N-contiguous weight: block blockIdx.x computes out[:, C bx : C bx + C] over its k range, C the
@@ -260,34 +270,46 @@ __global__ void __launch_bounds__(32 * WARPS) n_major_kernel(Problem<T> p) {
   }
 }
 
-// How the blocks of a product split K (split_k), or of a batch (x, w and out entry 0's), whose
-// entries' blocks fill the SMs together: not at all.
-KSplit split_for(const skinny::Batch& batch, int64_t blocks, int64_t K, int step, int64_t min_k) {
-  return batch.entries > 1 ? KSplit{1, K} : split_k(blocks, K, step, min_k, kMaxSplits);
+// Whether a K-contiguous weight's blocks give each warp rows of its own (k_major_kernel's
+// WARP_ROWS): where K is at most one step for each of a block's warps, splitting it between them
+// leaves warps idle that hold registers all the same (at K = 128, 7 of 8 at one token), while
+// blocks of 32 rows still fill three quarters of the SMs or more. Float32 in CUDA graphs, weights
+// rotated past L2 (H200), against warps splitting K:
+// - N = 4096 to 16384 with K = 64 to 512 at 1-8 tokens, 1.25-4.4x as fast (K = 128: 2.2-4.4x; at
+//   one token on 4096 x 128, 2.51 against 5.47 us, where torch.mm took 3.25); K = 1024 at 1-8
+//   tokens and 2048 at one, 1.01-1.8x;
+// - batches of 4-128 entries of K = 128 to 1024 (q @ k^T at decode), 1.3-6.4x;
+// - N = 1024 and 2048 (32 and 64 such blocks): from K = 512 up to 1.7 times slower, even where a
+//   K split made up the blocks. So those keep warps splitting K.
+// With K past one step per warp, warps owning rows made it no faster (4096 x 4096, 14336 x 4096
+// and 4096 x 14336 at 1-4 tokens: from 2% faster to 7% slower), and 1.2-1.3 times slower on
+// 1024 x 4096.
+inline bool warps_own_rows(int64_t K, int warp_step, int64_t N, const skinny::Batch& batch) {
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  const int64_t blocks = ceil_div(N, kRowsPerBlock * kWarps) * batch.entries;
+  return K <= int64_t{warp_step} * kWarps && 4 * blocks >= 3 * int64_t{sms};
 }
 
-// The grid of `blocks` blocks along N, the product's splits of K, and a batch's entries.
-dim3 grid_of(int64_t blocks, int splits, const skinny::Batch& batch) {
-  return dim3(static_cast<unsigned>(blocks), splits, static_cast<unsigned>(batch.entries));
-}
-
-// K-contiguous weight: blocks of kRowsPerBlock rows, splitting K where they are fewer than SMs,
-// then the pass that adds the splits.
+// K-contiguous weight: blocks of kRowsPerBlock rows, or of kRowsPerBlock per warp for a short K,
+// splitting K where they are fewer than SMs, then the pass that adds the splits.
 template <typename T, int TOKENS>
 void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
                     const skinny::Batch& batch) {
   constexpr int kStep = 32 * kVec<T> * kVectorsPerRow<TOKENS>;  // a warp's
-  const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock);
+  const int64_t K = x.data.size(1);
+  const bool warp_rows = warps_own_rows(K, kStep, out.size(1), batch);
+  const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock * (warp_rows ? kWarps : 1));
   const skinny::SplitProduct<T> product(
-      x, w, out, split_for(batch, blocks, x.data.size(1), kStep, int64_t{kStep} * kWarps), batch);
-  const KernelLaunch launch(grid_of(blocks, product.splits(), batch), kThreads, 0);
+      x, w, out,
+      skinny::split_for(batch, blocks, K, kStep, int64_t{kStep} * (warp_rows ? 1 : kWarps)), batch);
+  const KernelLaunch launch(skinny::grid_of(blocks, product.splits(), batch), kThreads, 0);
   dispatch_bools(
-      [&](auto w_vector_c, auto batched_c) {
+      [&](auto w_vector_c, auto batched_c, auto warp_rows_c) {
         launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value,
-                                  decltype(batched_c)::value>,
+                                  decltype(batched_c)::value, decltype(warp_rows_c)::value>,
                    product.problem());
       },
-      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1);
+      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1, warp_rows);
   product.add_splits();
 }
 
@@ -299,8 +321,9 @@ void launch_n_major_blocks(const skinny::Rows& x, const skinny::Rows& w, at::Ten
                            int64_t lines, const skinny::Batch& batch = {}) {
   constexpr int kStep = kNMajorStep<WARPS>;
   const skinny::SplitProduct<T> product(
-      x, w, out, split_for(batch, lines * WARPS / kWarps, x.data.size(1), kStep, kStep), batch);
-  KernelLaunch(grid_of(lines, product.splits(), batch), 32 * WARPS, 0)
+      x, w, out, skinny::split_for(batch, lines * WARPS / kWarps, x.data.size(1), kStep, kStep),
+      batch);
+  KernelLaunch(skinny::grid_of(lines, product.splits(), batch), 32 * WARPS, 0)
       .run(n_major_kernel<T, TOKENS, W_VECTOR, WARPS, BATCHED>, product.problem());
   product.add_splits();
 }

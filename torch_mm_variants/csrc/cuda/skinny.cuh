@@ -113,16 +113,6 @@ Rows padded_copy(const at::Tensor& t) {
   return {copy, padded};
 }
 
-// x = a with K-contiguous, 16-byte aligned rows; otherwise a copy with padded rows, which costs
-// little next to the weight.
-template <typename T>
-Rows tokens(const at::Tensor& a) {
-  const int64_t M = a.size(0), K = a.size(1);
-  const int64_t ld = M == 1 ? 0 : a.stride(0);
-  if ((a.stride(1) == 1 || K == 1) && rows_aligned<T>(a.data_ptr(), ld)) return {a, ld};
-  return padded_copy<T>(a);
-}
-
 // The decode product out = x @ w as rungs 10 and 12 hand it to their kernels, blocks splitting K.
 template <typename T>
 struct Problem {
@@ -152,6 +142,19 @@ struct Batch {
   int64_t x = 0, w = 0, out = 0;
 };
 
+constexpr int kMaxSplits = 16;  // of a product's K
+
+// How the blocks of a product split K (split_k), or of a batch, whose entries' blocks fill the SMs
+// together: not at all.
+inline KSplit split_for(const Batch& batch, int64_t blocks, int64_t K, int step, int64_t min_k) {
+  return batch.entries > 1 ? KSplit{1, K} : split_k(blocks, K, step, min_k, kMaxSplits);
+}
+
+// The grid of `blocks` blocks along N, the product's splits of K, and a batch's entries.
+inline dim3 grid_of(int64_t blocks, int splits, const Batch& batch) {
+  return dim3(static_cast<unsigned>(blocks), splits, static_cast<unsigned>(batch.entries));
+}
+
 // Whether the weight rows of every entry of `batch` (entry 0's at ptr, ld apart) allow BYTES-wide
 // loads.
 template <typename T, int BYTES = 16>
@@ -176,6 +179,13 @@ std::pair<Rows, int64_t> batch_tokens(const at::Tensor& a) {
   at::Tensor copy = at::empty({entries, M, padded}, a.options()).narrow(2, 0, K);
   copy.copy_(a);
   return {{copy.select(0, 0), padded}, M * padded};
+}
+
+// x = a [M, K] with K-contiguous, 16-byte aligned rows; otherwise a copy with padded rows, which
+// costs little next to the weight.
+template <typename T>
+Rows tokens(const at::Tensor& a) {
+  return batch_tokens<T>(a.unsqueeze(0)).first;
 }
 
 // The weights of a batch b [B, K, N] (or a shared [K, N]) as a rung reads them: entry 0's rows and
