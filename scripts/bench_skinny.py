@@ -268,9 +268,8 @@ def cases(dtypes: list[str], shapes: list[tuple[int, int]], ms: list[int], layou
 def product_text(layout: str, batch: int | None) -> str:
     """The header's words for the product timed."""
     x = "x [M, K]" if batch is None else f"x [B, M, K], B = {batch}"
-    if layout == "row-major":
-        return f"{x}; x @ w, w [K, N] row-major" + ("" if batch is None else " per entry")
-    return f"{x}; x @ w.t(), w [N, K]" + ("" if batch is None else " per entry")
+    product = "x @ w, w [K, N] row-major" if layout == "row-major" else "x @ w.t(), w [N, K]"
+    return f"{x}; {product}" + ("" if batch is None else " per entry")
 
 
 def main(argv=None) -> int:
