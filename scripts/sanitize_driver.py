@@ -34,11 +34,11 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # (17-24 tokens) and 8 (49-64). skinny_gemv's 2 and 4 tokens, and its K split over blocks (both
 # weight layouts: the transposed layouts of b are its row-major weight), its row-major blocks
 # of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs), and its
-# K-contiguous blocks whose warps own rows (a short K over 99 or more blocks of 32 rows: the last
-# three shapes, and the batch of 40 entries below).
+# K-contiguous blocks with each count of warps to a row group's K (132 SMs): 8 on the first three
+# shapes, 2 on the fourth, 1 on the next two and the batch of 40 entries below, 4 on the last.
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100)],
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
-                                (2, 6000, 700), (1, 12000, 264)],
+                                (2, 6000, 700), (1, 12000, 264), (4, 2000, 1100)],
                 "skinny_tma": [(64, 4096, 4096), (20, 136, 1000)],
                 "wgmma": [(136, 264, 4100), (200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
                           (129, 17000, 4104), (300, 7680, 136), (704, 4104, 1000),

@@ -2,6 +2,8 @@
 and shared b, every algorithm, odd sizes, gradients, opcheck and torch.compile."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -214,7 +216,7 @@ def test_named_rung_runs_a_batch_as_one_product_where_it_takes_its_rows():
             expected = product_kernels(lambda: mmv.matmul(a.view(-1, 256), w.t(), "skinny_gemv"))
             assert names == expected, names
         else:
-            assert len(names) == 1 and ", true, false>(" in names[0], names  # BATCHED
+            assert len(names) == 1 and re.search(r", true, [1248]>\(", names[0]), names  # BATCHED
         check_bmm(a, w.t(), "skinny_gemv")
 
 

@@ -6,6 +6,7 @@ take, the weight layouts read in place, the SASS of the Hopper one and the `auto
 from __future__ import annotations
 
 import contextlib
+import math
 import re
 
 import pytest
@@ -344,33 +345,41 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
             assert_matches_reference(x, w, "skinny_gemv")
 
 
-def gemv_warps_own_rows(m: int, n: int, k: int, dtype: torch.dtype, sms: int,
-                        entries: int = 1) -> bool:
-    """Whether skinny_gemv's K-contiguous blocks give each of their 8 warps 4 weight rows of its
-    own rather than splitting K between them: where K is at most a step for each warp (a step is
-    32 lanes' 16-byte loads of each row, 3, 2, 2 or 1 of them at 1, 2, 3-4 and 5-8 tokens) and
-    such blocks of 32 rows, over every entry of a batch, fill three quarters of the SMs."""
+def gemv_k_warps(m: int, n: int, k: int, dtype: torch.dtype, sms: int, entries: int = 1) -> int:
+    """The warps of skinny_gemv's K-contiguous blocks that split each 4 weight rows' K: a power
+    of two up to 8 and no more than K has steps for (a step is 32 lanes' 16-byte loads of each
+    row, 3, 2, 2 or 1 of them at 1, 2, 3-4 and 5-8 tokens), the one that brings the grid's warps
+    (every entry's of a batch) nearest, by ratio, to 16 an SM."""
     tokens = 1 if m == 1 else 2 if m == 2 else 4 if m <= 4 else 8
-    step = 32 * (16 // torch.tensor([], dtype=dtype).element_size()) * max(1, 16 // (4 + tokens))
-    return k <= 8 * step and 4 * -(-n // 32) * entries >= 3 * sms
+    steps = -(-k // (32 * (16 // dtype.itemsize) * max(1, 16 // (4 + tokens))))
+    row_groups = -(-n // 4) * entries
+    wave = 16 * sms
+    k_warps = 1
+    while k_warps < 8 and k_warps < steps and 2 * (row_groups * k_warps) ** 2 < wave ** 2:
+        k_warps *= 2
+    return k_warps
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_gemv_warps_own_rows_where_k_is_short(dtype):
-    """Short K (q @ k^T's head size, a LoRA's rank): each warp of a K-contiguous block takes
-    rows of its own where splitting K would leave warps idle, on products and batches of entries
-    just off the K of one step per warp and the blocks that fill three quarters of the SMs; rows
-    16-byte aligned or one element in; each checked against float64."""
+def test_gemv_k_warps_fill_the_sms(dtype):
+    """The warps that split each row group's K in skinny_gemv's K-contiguous blocks: 1, 2, 4 and
+    8 (gemv_k_warps), on products and batches just off the rows that fill the SMs at each count
+    and the K of each count of steps; rows 16-byte aligned or one element in; each checked
+    against float64."""
     torch.manual_seed(0)
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    load = 32 * (16 // torch.tensor([], dtype=dtype).element_size())  # k of a warp's 16-byte load
-    enough = -(-3 * sms // 4) * 32  # the fewest rows whose blocks of 32 fill 3/4 of the SMs
-    cases = [(1, enough, 128, 1), (1, enough - 32, 128, 1), (1, enough + 5, 24 * load, 1),
-             (1, 5000, 24 * load + 8, 1), (2, enough, 16 * load, 1), (2, 5000, 16 * load + 8, 1),
-             (3, 5000, 16 * load, 1), (4, 5000, 16 * load + 8, 1), (8, 4100, 8 * load, 1),
-             (6, 4100, 8 * load + 8, 1), (7, 4100, 72, 1), (1, 1024, 128, 4), (4, 1000, 200, 3),
-             (1, 33, 64, 128)]
+    load = 32 * (16 // dtype.itemsize)  # k of a warp's 16-byte load
+    rows = 4 * math.ceil(16 * sms / math.sqrt(2))  # the fewest on which one warp a group is nearest
+    cases = [(1, rows, 128, 1), (1, rows - 4, 24 * load, 1), (1, rows // 2, 24 * load, 1),
+             (1, rows // 2 - 4, 3 * load + 8, 1), (2, rows // 2 - 1, 16 * load, 1),
+             (3, rows // 4, 6 * load + 8, 1), (4, rows // 4 - 4, 16 * load, 1),
+             (1, rows // 4, 3 * load, 1), (8, rows // 8, 8 * load - 8, 1), (6, 4100, 72, 1),
+             (2, 33, 4 * load + 8, 1), (1, 1024, 128, 4), (4, 1000, 200, 3), (1, 33, 64, 128),
+             (8, 1000, 2000, 2)]
+    seen = set()
     for m, n, k, entries in cases:
+        k_warps = gemv_k_warps(m, n, k, dtype, sms, entries)
+        seen.add(k_warps)
         for offset in (0, 1):
             w = torch.randn(entries, n, k + offset, device="cuda").to(dtype)[..., offset:]
             x = torch.randn(entries, m, k, device="cuda").to(dtype)
@@ -378,13 +387,13 @@ def test_gemv_warps_own_rows_where_k_is_short(dtype):
             a = x if entries > 1 else x[0]
             names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
                      if "k_major_kernel" in e["name"]]
-            own = gemv_warps_own_rows(m, n, k, dtype, sms, entries)
-            flags = rf", {str(entries > 1).lower()}, {str(own).lower()}>\("  # BATCHED, WARP_ROWS
+            flags = rf", {str(entries > 1).lower()}, {k_warps}>\("  # BATCHED, K_WARPS
             assert len(names) == 1 and re.search(flags, names[0]), (m, n, k, entries, names)
             if entries > 1:
                 check_bmm(a, b, "skinny_gemv")
             else:
                 assert_matches_reference(a, b, "skinny_gemv")
+    assert seen == {1, 2, 4, 8}, seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

@@ -9,11 +9,11 @@
 // element meets each token in one float32 FMA: M FMAs per element, which the CUDA cores issue
 // faster than memory delivers the weight up to 8 tokens, and float32 products as exact as
 // torch.mm's. What is left is streaming the weight:
-// - K-contiguous weight: a block owns kRowsPerBlock weight rows and its warps split K in
+// - K-contiguous weight: a group of warps owns kRowsPerBlock weight rows and splits K in
 //   interleaved steps. In a step a lane loads 16-byte vectors of every row and the x vectors of
 //   the same k before it uses any, so each SM keeps tens of KB in flight; a warp's load of a row
-//   is 512 contiguous bytes. Where K is too short for every warp to take a step, each warp owns
-//   rows of its own instead.
+//   is 512 contiguous bytes. A block's 8 warps form groups of 1 to 8, as many warps to a group
+//   as bring the grid nearest one wave of the warps the SMs hold (k_warps_for).
 // - N-contiguous weight: a block owns 128 bytes of columns of each weight row (32 floats, 64
 //   16-bit elements: one 128-byte line where the rows are so aligned). A warp's load takes them
 //   from 4 rows, 4 apart (8 lanes a row); a lane loads 4 consecutive rows per step (so one vector
@@ -110,11 +110,11 @@ __device__ __forceinline__ float sum_over_lanes(float value, int first_bit, int 
   return value;
 }
 
-// Adds the WARPS partial sums of output (m, n) in warp order and stores it (skinny::store_sum).
-template <typename T, int WARPS, int SUMS>
-__device__ __forceinline__ void add_and_store(const Problem<T>& p,
-                                              const float (&sums)[WARPS][SUMS], int index, int m,
-                                              int n) {
+// Adds the WARPS partial sums of output (m, n), rows of `sums` from the first, in warp order and
+// stores it (skinny::store_sum).
+template <int WARPS, typename T, int SUMS>
+__device__ __forceinline__ void add_and_store(const Problem<T>& p, const float (*sums)[SUMS],
+                                              int index, int m, int n) {
   if (m >= p.M || n >= p.N) return;
   float sum = 0.0f;
 #pragma unroll
@@ -122,11 +122,11 @@ __device__ __forceinline__ void add_and_store(const Problem<T>& p,
   skinny::store_sum(p, m, n, sum);
 }
 
-// K-contiguous weight: block blockIdx.x computes out[:, R bx : R bx + R] (R = kRowsPerBlock) over
-// its k range, its warps splitting it. A split's k range is whole warp steps, not whole block
-// steps, so some of its warps may take one step more than others (rung 10 splits the same way).
-// WARP_ROWS: each warp has R rows of its own over the whole k range instead, the block 8 R rows
-// (a short K, warps_own_rows), and its sums need no adding across warps.
+// K-contiguous weight: the block's warps form groups of K_WARPS (k_warps_for), group g of block
+// bx computing out[:, R (G bx + g) : R (G bx + g + 1)] over the block's k range (R =
+// kRowsPerBlock, G = kWarps / K_WARPS groups), its warps splitting that range in interleaved
+// steps. A split's k range is whole warp steps, not whole group steps, so some warps may take one
+// step more than others (rung 10 splits the same way).
 // W_VECTOR: w's pointer and leading dimension are 16-byte aligned. BATCHED: entry blockIdx.z of a
 // batch (a kernel of its own: the offsets cost a single product's kernels up to a block per SM).
 // float32's batched kernels are held to two blocks an SM (128 registers, no spills), as its single
@@ -136,15 +136,18 @@ __device__ __forceinline__ void add_and_store(const Problem<T>& p,
 template <typename T, bool BATCHED>
 constexpr int kMinKMajorBlocks = BATCHED && sizeof(T) == 4 ? 2 : 0;
 
-template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED = false, bool WARP_ROWS = false>
+template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED = false, int K_WARPS = kWarps>
 __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
     k_major_kernel(Problem<T> p) {
+  static_assert(kWarps % K_WARPS == 0, "the block's warps form whole groups");
   if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   constexpr int V = kVec<T>, U = kVectorsPerRow<TOKENS>;
   constexpr int kStep = 32 * V * U;  // k of a warp's step
-  constexpr int kKWarps = WARP_ROWS ? 1 : kWarps;  // the warps that split a row's k range
+  constexpr int kGroups = kWarps / K_WARPS;  // groups of K_WARPS warps, each its own rows
+  constexpr int kSums = kRowsPerBlock * TOKENS;  // of a group
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int n0 = (blockIdx.x * (kWarps / kKWarps) + (WARP_ROWS ? warp : 0)) * kRowsPerBlock;
+  const int first_row = blockIdx.x * kGroups * kRowsPerBlock;  // the block's
+  const int n0 = first_row + warp / K_WARPS * kRowsPerBlock;
   int64_t k_begin, k_end;
   block_k_range(p, k_begin, k_end);
   // Rows past N and tokens past M read the last valid one, and feed sums never stored.
@@ -156,8 +159,7 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
   for (int m = 0; m < TOKENS; ++m) x_row[m] = p.x + std::min(m, p.M - 1) * p.ldx;
 
   float acc[kRowsPerBlock][TOKENS] = {};
-  for (int64_t base = k_begin + (WARP_ROWS ? 0 : warp) * kStep; base < k_end;
-       base += kKWarps * kStep) {
+  for (int64_t base = k_begin + warp % K_WARPS * kStep; base < k_end; base += K_WARPS * kStep) {
     uint4 wv[U][kRowsPerBlock], xv[U][TOKENS];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
@@ -186,7 +188,7 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
     }
   }
 
-  __shared__ float sums[kWarps][kRowsPerBlock * TOKENS];
+  __shared__ float sums[kWarps][kSums];
 #pragma unroll
   for (int r = 0; r < kRowsPerBlock; ++r) {
 #pragma unroll
@@ -196,13 +198,11 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
     }
   }
   __syncthreads();
-  const int e = threadIdx.x;
-  if constexpr (WARP_ROWS) {  // each warp's sums are whole: stored as they are
-    const int w = e / (kRowsPerBlock * TOKENS), i = e % (kRowsPerBlock * TOKENS);
-    const int m = i % TOKENS, n = (blockIdx.x * kWarps + w) * kRowsPerBlock + i / TOKENS;
-    if (w < kWarps && m < p.M && n < p.N) skinny::store_sum(p, m, n, sums[w][i]);
-  } else if (e < kRowsPerBlock * TOKENS) {
-    add_and_store(p, sums, e, e % TOKENS, n0 + e / TOKENS);
+  // Thread e adds sum i of group g over the group's warps, in warp order.
+  const int e = threadIdx.x, g = e / kSums, i = e % kSums;
+  if (g < kGroups) {
+    add_and_store<K_WARPS>(p, &sums[g * K_WARPS], i, i % TOKENS,
+                           first_row + g * kRowsPerBlock + i / TOKENS);
   }
 }
 
@@ -266,50 +266,70 @@ __global__ void __launch_bounds__(32 * WARPS) n_major_kernel(Problem<T> p) {
   }
   __syncthreads();
   for (int e = threadIdx.x; e < TOKENS * kColumns; e += 32 * WARPS) {
-    add_and_store(p, sums, e, e / kColumns, n0 + e % kColumns);
+    add_and_store<WARPS>(p, sums, e, e / kColumns, n0 + e % kColumns);
   }
 }
 
-// Whether a K-contiguous weight's blocks give each warp rows of its own (k_major_kernel's
-// WARP_ROWS): where K is at most one step for each of a block's warps, splitting it between them
-// leaves warps idle that hold registers all the same (at K = 128, 7 of 8 at one token), while
-// blocks of 32 rows still fill three quarters of the SMs or more. Float32 in CUDA graphs, weights
-// rotated past L2 (H200), against warps splitting K:
-// - N = 4096 to 16384 with K = 64 to 512 at 1-8 tokens, 1.25-4.4x as fast (K = 128: 2.2-4.4x; at
-//   one token on 4096 x 128, 2.51 against 5.47 us, where torch.mm took 3.25); K = 1024 at 1-8
-//   tokens and 2048 at one, 1.01-1.8x;
-// - batches of 4-128 entries of K = 128 to 1024 (q @ k^T at decode), 1.3-6.4x;
-// - N = 1024 and 2048 (32 and 64 such blocks): from K = 512 up to 1.7 times slower, even where a
-//   K split made up the blocks. So those keep warps splitting K.
-// With K past one step per warp, warps owning rows made it no faster (4096 x 4096, 14336 x 4096
-// and 4096 x 14336 at 1-4 tokens: from 2% faster to 7% slower), and 1.2-1.3 times slower on
-// 1024 x 4096.
-inline bool warps_own_rows(int64_t K, int warp_step, int64_t N, const skinny::Batch& batch) {
+// The warps that split each kRowsPerBlock rows' k range (k_major_kernel's K_WARPS): a power of
+// two up to kWarps and no more than K has warp steps for, the one that brings the grid's warps
+// nearest, by ratio, to one wave of 16 an SM (the two blocks of 8 warps that float32's registers
+// let an SM hold). Fewer leave the SMs short of loads in flight; more run the grid in waves, each
+// warp taking fewer steps, so that its start, its last partial step and the adds across warps
+// weigh more. In CUDA graphs, weights rotated past L2 (H200), against the rule before it (8
+// warps, or 1 for a K of at most 8 steps on 3/4 of the SMs' worth of 32-row blocks):
+// - float32 at 1-4 tokens: 4096 x 512 (2 warps) 1.09-1.42x as fast, 4096 x 1024 (2) 1.27-1.31x,
+//   3072 x 1024 (2) 1.30-1.34x, 2048 x 1024 (4) 1.21-1.25x, 4096 x 4096 (2) 1.04-1.15x;
+//   14336 x 4096 (1) and 4096 x 14336 (2) 0.94-1.04x;
+// - bf16 at 1-4 tokens, 4096 x 4096 (2, was 1): 1.17-1.24x;
+// - 1024 x 4096 (8), 8192 x 1024 and 14336 x 512 (1), batches of 8 x 1024 and 32 x 1024 rows
+//   (1): unchanged, and the other counts slower there.
+inline int k_warps_for(int64_t K, int warp_step, int64_t N, const skinny::Batch& batch) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  const int64_t blocks = ceil_div(N, kRowsPerBlock * kWarps) * batch.entries;
-  return K <= int64_t{warp_step} * kWarps && 4 * blocks >= 3 * int64_t{sms};
+  const int64_t wave = 16 * int64_t{sms};
+  const int64_t row_groups = ceil_div(N, int64_t{kRowsPerBlock}) * batch.entries;
+  const int64_t steps = ceil_div(K, int64_t{warp_step});
+  int k_warps = 1;
+  while (k_warps < kWarps && k_warps < steps) {
+    const int64_t warps = row_groups * k_warps;  // the grid's
+    // Twice as many are nearer the wave by ratio where wave / warps > 2 warps / wave.
+    if (warps >= wave || 2 * warps * warps >= wave * wave) break;
+    k_warps *= 2;
+  }
+  return k_warps;
 }
 
-// K-contiguous weight: blocks of kRowsPerBlock rows, or of kRowsPerBlock per warp for a short K,
-// splitting K where they are fewer than SMs, then the pass that adds the splits.
+// f(std::integral_constant<int, k_warps>), k_warps 1, 2, 4 or kWarps.
+template <typename F>
+void dispatch_k_warps(int k_warps, F&& f) {
+  switch (k_warps) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 4: return f(std::integral_constant<int, 4>{});
+    default: return f(std::integral_constant<int, kWarps>{});
+  }
+}
+
+// K-contiguous weight: blocks of kRowsPerBlock rows per group of warps, splitting K where they
+// are fewer than SMs, then the pass that adds the splits.
 template <typename T, int TOKENS>
 void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
                     const skinny::Batch& batch) {
   constexpr int kStep = 32 * kVec<T> * kVectorsPerRow<TOKENS>;  // a warp's
   const int64_t K = x.data.size(1);
-  const bool warp_rows = warps_own_rows(K, kStep, out.size(1), batch);
-  const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock * (warp_rows ? kWarps : 1));
+  const int k_warps = k_warps_for(K, kStep, out.size(1), batch);
+  const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock * (kWarps / k_warps));
   const skinny::SplitProduct<T> product(
-      x, w, out,
-      skinny::split_for(batch, blocks, K, kStep, int64_t{kStep} * (warp_rows ? 1 : kWarps)), batch);
+      x, w, out, skinny::split_for(batch, blocks, K, kStep, int64_t{kStep} * k_warps), batch);
   const KernelLaunch launch(skinny::grid_of(blocks, product.splits(), batch), kThreads, 0);
-  dispatch_bools(
-      [&](auto w_vector_c, auto batched_c, auto warp_rows_c) {
-        launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value,
-                                  decltype(batched_c)::value, decltype(warp_rows_c)::value>,
-                   product.problem());
-      },
-      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1, warp_rows);
+  dispatch_k_warps(k_warps, [&](auto k_warps_c) {
+    dispatch_bools(
+        [&](auto w_vector_c, auto batched_c) {
+          launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value,
+                                    decltype(batched_c)::value, decltype(k_warps_c)::value>,
+                     product.problem());
+        },
+        skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1);
+  });
   product.add_splits();
 }
 
