@@ -151,13 +151,17 @@ def test_cuda_graph_capture(algorithm):
 MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
 
 
-def gemv_takes(m: int, n: int, dtype: torch.dtype, row_major: bool = False,
+def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
                tma_reads_it: bool = False) -> bool:
-    """Where `auto` takes skinny_gemv (a GPU that lists it), float32 only: up to 2 tokens; up to 4
-    on nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
+    """Where `auto` takes skinny_gemv (a GPU that lists it). float32: up to 2 tokens; up to 4 on
+    nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
     have up to 4096 columns; on row-major weights it does not read (which the rungs below copy or
-    load element by element), up to 8. 16 bits and more tokens stay on the rungs below."""
-    if dtype != torch.float32 or m > 8:
+    load element by element), up to 8. 16 bits: nn.Linear weights of 4 to 16 rows per SM and
+    K >= 1024, at 1-2 tokens. Other products stay on the rungs below."""
+    if dtype != torch.float32:
+        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
+    if m > 8:
         return False
     if m <= 2 or (row_major and not tma_reads_it):
         return True
@@ -286,7 +290,7 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
     for n in (4096, 4104):
         w = random_matrix(4096, n, dtype, "cuda")
         expected = "skinny_tma" if m <= 64 or dtype == torch.float32 else "wgmma"
-        if gemv_takes(m, n, dtype, row_major=True, tma_reads_it=True):  # in place too
+        if gemv_takes(m, n, 4096, dtype, row_major=True, tma_reads_it=True):  # in place too
             expected = "skinny_gemv"
         assert mmv.auto_choice(x, w) == expected, n
         assert_matches_reference(x, w, "auto")
@@ -408,7 +412,7 @@ def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
     for n, k in [(4096, 4096), (1024, 4096), (136, 1000), (1024, 1024)]:
         x = random_matrix(m, k, dtype, "cuda")
         w = row_major_weight(k, n, dtype, offset=1)
-        if gemv_takes(m, n, dtype, row_major=True):  # it reads these in place too
+        if gemv_takes(m, n, k, dtype, row_major=True):  # it reads these in place too
             assert mmv.auto_choice(x, w) == "skinny_gemv"
         elif dtype != torch.float32:
             assert mmv.auto_choice(x, w) == "skinny"
@@ -448,7 +452,7 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
     rows). Above them skinny_gemv, where gemv_takes says so."""
     names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
-    if "skinny_gemv" in names and gemv_takes(m, n, dtype):
+    if "skinny_gemv" in names and gemv_takes(m, n, k, dtype):
         return "skinny_gemv"
     highest = [name for name in names if name != "skinny_gemv"][-1]
     if highest != "skinny_tma":
@@ -475,7 +479,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (33, 4096, 4096), (64, 4096, 4096), (64, 64, 64),
                                      (64, 256, 256), (48, 512, 512), (64, 1024, 1024),
                                      (1, 64, 1024), (40, 1024, 64), (32, 1024, 4096),
-                                     (48, 2048, 2048)])
+                                     (48, 2048, 2048), (1, 1024, 4096), (2, 2048, 14336),
+                                     (2, 1024, 1024), (1, 1024, 1000), (4, 1024, 4096),
+                                     (2, 500, 4096), (1, 3072, 4096), (1, 4096, 128)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

@@ -458,6 +458,23 @@ constexpr const char* kFewTokensOnly =
     "it is for one to eight rows of a (LLM decode of a few sequences) and takes M <= 8; use "
     "another algorithm (or 'auto') for larger M";
 
+// 16-bit nn.Linear weights that this rung streams faster than rungs 10 and 11 at 1-2 tokens: 4 to
+// 16 rows per SM (1024-2048 on 132 SMs; grouped-query attention's k and v projections, 1024 x 4096
+// in Llama 3 8B) and K of 1024 or more. There 4-8 warps to each 4 rows fill the SMs with no K
+// split, where rung 10 splits K and adds the splits in a second pass. In CUDA graphs, weights
+// rotated past L2 (H200, bf16 and fp16 alike), against `auto`'s rung before: 1024 rows, K = 1024
+// to 14336, 1.04-1.41x as fast (bf16 1024 x 4096: 4.3 against 5.4 us, 1.79x of torch.mm); 2048
+// rows, 1.03-1.18x; with L2 cleared before each call (bf16), 0.97-1.24x. Not taken: 512 rows,
+// from 1.31x as fast (K = 4096) to 1.17 times slower (14336, split over blocks); 3072 rows and
+// more, from 5% faster to 6% slower; K = 512, level; K = 128 (q @ k^T at a head size of 128), up
+// to 1.35 times slower; 3-4 tokens, from 1.27x as fast to 9% slower.
+bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
+  const int64_t sms = device_info_for(a.device())->multiProcessorCount;
+  const int64_t N = b.size(1);
+  return !skinny::row_major(b) && a.size(0) <= 2 && b.size(0) >= 1024 && N >= 4 * sms &&
+         N <= 16 * sms;
+}
+
 // Where `auto` passes this rung over for the rungs below it. Back to back in a CUDA graph
 // (weights rotated past L2; N x K of 1024 x 1024, 4096 x 4096, 14336 x 4096 and 4096 x 14336;
 // decode.md has the tables):
@@ -476,11 +493,11 @@ constexpr const char* kFewTokensOnly =
 //   whose time has a floor of a 128-row tile's pass over K: rows one element off alignment took
 //   9.1-120 us here at 1-8 tokens (element by element) and 82-575 us on rung 8, 1024 x 1024 to
 //   14336 x 4096 (L2 cleared before each call). This rung takes those up to 8 tokens.
-// - 16 bits: at one token this rung ran from 3% faster to 16% slower than rungs 10 and 11, and
-//   from 4 tokens slower everywhere: its K-contiguous kernel then holds 166 registers or more,
-//   one block per SM (2 tokens not measured apart).
+// - 16 bits: at one token this rung ran from 3% faster to 16% slower than rungs 10 and 11 on
+//   the Llama weights, and from 4 tokens slower everywhere: its K-contiguous kernel then holds
+//   166 registers or more, one block per SM. See narrow_16bit_weight for where it leads.
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != at::kFloat) return true;
+  if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b);
   const bool row_major = skinny::row_major(b);
   if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
   if (a.size(0) <= 2) return false;
