@@ -151,6 +151,11 @@ def test_cuda_graph_capture(algorithm):
 MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
 
 
+def sm_count() -> int:
+    """The SMs of the current GPU, which the skinny rungs' rules count."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
                tma_reads_it: bool = False) -> bool:
     """Where `auto` takes skinny_gemv (a GPU that lists it). float32: up to 2 tokens; up to 4 on
@@ -159,7 +164,7 @@ def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = Fal
     load element by element), up to 8. 16 bits: nn.Linear weights of 4 to 16 rows per SM and
     K >= 1024, at 1-2 tokens. Other products stay on the rungs below."""
     if dtype != torch.float32:
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        sms = sm_count()
         return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
     if m > 8:
         return False
@@ -331,7 +336,7 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
     (element by element), on sizes just off a block's rows or 128-byte columns and its k steps,
     with row-major blocks of each warp count (gemv_n_major_warps)."""
     torch.manual_seed(0)
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = sm_count()
     for m, n, k in [(1, 4096, 1000), (3, 129, 4104), (8, 72, 136), (2, 1000, 72), (4, 33, 8200),
                     (1, 17000, 264), (2, 6144, 264), (1, 8000, 1000), (1, 12000, 264)]:
         x = random_matrix(m, k, dtype, "cuda")  # k % 8 == 0: rows 16-byte aligned, never copied
@@ -371,7 +376,7 @@ def test_gemv_k_warps_fill_the_sms(dtype):
     and the K of each count of steps; rows 16-byte aligned or one element in; each checked
     against float64."""
     torch.manual_seed(0)
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = sm_count()
     load = 32 * (16 // dtype.itemsize)  # k of a warp's 16-byte load
     rows = 4 * math.ceil(16 * sms / math.sqrt(2))  # the fewest on which one warp a group is nearest
     cases = [(1, rows, 128, 1), (1, rows - 4, 24 * load, 1), (1, rows // 2, 24 * load, 1),
@@ -464,7 +469,7 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         return "skinny"
     if dtype == torch.float32:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = sm_count()
     small_weight = n * k * dtype.itemsize < 64 * 2**20
     if small_weight and (m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
         return "skinny"
@@ -545,7 +550,7 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
 
     check(chain())  # also the warm-up outside the capture
     if algorithm == "skinny":
-        sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+        sms = sm_count()
         names = [e["name"] for e in launched_kernels(chain)]
         splits_added = 2 if sms > 1024 // 16 else 0
         assert sum("sum_splits_kernel" in name for name in names) == splits_added, names
