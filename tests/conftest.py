@@ -46,6 +46,18 @@ def sm90a_available() -> bool:
     return gpu_capability() == (9, 0) and mmv._C.has_sm90a()
 
 
+def sm_count() -> int:
+    """The SMs of the current GPU, which the skinny rungs' rules count."""
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
+def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
+    """Where skinny_gemv runs a K-contiguous product of m tokens over `rows` weight rows (N, times
+    a batch's entries) in its short-K kernel: rows of at most 32 16-byte vectors, m <= 4, and at
+    least 48 rows per SM. `auto` then takes skinny_gemv in 16 bits too."""
+    return -(-k // (16 // dtype.itemsize)) <= 32 and m <= 4 and rows >= 48 * sm_count()
+
+
 def devices() -> list[str]:
     return ["cpu"] + (["cuda"] if gpu_available() else [])
 

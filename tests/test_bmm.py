@@ -10,8 +10,8 @@ import torch
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
                       assert_gradients_match, assert_result, capture_graph, check_bmm, devices,
-                      gpu_available, product_kernels, random_matrix, relative_error,
-                      run_accepted)
+                      gemv_short_k, gpu_available, product_kernels, random_matrix,
+                      relative_error, run_accepted)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -114,7 +114,7 @@ needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.alg
 
 
 # The kernels of the skinny rungs' batched launches (rungs 10 and 12).
-SKINNY_KERNELS = ("skinny_kernel", "k_major_kernel", "n_major_kernel")
+SKINNY_KERNELS = ("skinny_kernel", "k_major_kernel", "short_k_kernel", "n_major_kernel")
 
 
 @pytest.mark.cuda
@@ -123,8 +123,9 @@ SKINNY_KERNELS = ("skinny_kernel", "k_major_kernel", "n_major_kernel")
 def test_decode_batches_run_in_one_launch(dtype):
     """Batches of a few tokens against each entry's own matrix, as attention's products are at
     decode (q @ k^T with k read K-contiguous, p @ v with v row-major), run in one launch of a
-    skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry,
-    else rung 10's), at every count of token tiles, and so inside a CUDA graph."""
+    skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry, and
+    on q @ k^T where its short-K kernel takes the batch's rows, else rung 10's), at every count of
+    token tiles, and so inside a CUDA graph."""
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
     values = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
@@ -134,7 +135,9 @@ def test_decode_batches_run_in_one_launch(dtype):
         for a, b in [(queries, keys.transpose(1, 2)), (scores, values)]:
             names = product_kernels(lambda: mmv.matmul(a, b))
             choice, one_entry = mmv.auto_choice(a, b), mmv.auto_choice(a[0], b[0])
-            expected = one_entry if one_entry == "skinny_gemv" else "skinny"
+            short_rows = b is not values and gemv_short_k(m, 24 * 1000, 128, dtype)
+            gemv = one_entry == "skinny_gemv" or short_rows
+            expected = "skinny_gemv" if gemv else "skinny"
             assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
             assert len(names) == 1 and any(k in names[0] for k in SKINNY_KERNELS), (m, names)
             check_bmm(a, b, "auto")

@@ -13,9 +13,9 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (assert_matches_reference, capture_graph, check_bmm, gpu_available,
-                      gpu_capability, kernel_sass, launched_kernels, random_matrix,
-                      sm90a_available, tf32_allowed)
+from conftest import (assert_matches_reference, capture_graph, check_bmm, gemv_short_k,
+                      gpu_available, gpu_capability, kernel_sass, launched_kernels,
+                      product_kernels, random_matrix, sm90a_available, sm_count, tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -151,21 +151,18 @@ def test_cuda_graph_capture(algorithm):
 MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
 
 
-def sm_count() -> int:
-    """The SMs of the current GPU, which the skinny rungs' rules count."""
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-
-
 def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
                tma_reads_it: bool = False) -> bool:
     """Where `auto` takes skinny_gemv (a GPU that lists it). float32: up to 2 tokens; up to 4 on
     nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
     have up to 4096 columns; on row-major weights it does not read (which the rungs below copy or
     load element by element), up to 8. 16 bits: nn.Linear weights of 4 to 16 rows per SM and
-    K >= 1024, at 1-2 tokens. Other products stay on the rungs below."""
+    K >= 1024, at 1-2 tokens, and those its short-K kernel takes (gemv_short_k). Other products
+    stay on the rungs below."""
     if dtype != torch.float32:
         sms = sm_count()
-        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
+        narrow = m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
+        return not row_major and (narrow or gemv_short_k(m, n, k, dtype))
     if m > 8:
         return False
     if m <= 2 or (row_major and not tma_reads_it):
@@ -175,7 +172,7 @@ def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = Fal
 
 def gemv_n_major_warps(m: int, lines: int, sms: int) -> int:
     """The warps of skinny_gemv's blocks on a row-major weight of `lines` 128-byte lines of
-    columns: at 1-2 tokens with at least half as many lines as SMs, 32 where a block per line fits
+    columns (a batch's entries' all together): at 1-2 tokens with at least half as many lines as SMs, 32 where a block per line fits
     on the SMs at once (one an SM), 16 where two an SM do, else 8."""
     if m > 2 or 2 * lines < sms:
         return 8
@@ -354,6 +351,32 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
             assert_matches_reference(x, w, "skinny_gemv")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_gemv_row_major_batches_count_lines_together(dtype):
+    """A batch of row-major products (p @ v at decode) takes skinny_gemv's blocks of 32, 16 or 8
+    warps by its entries' 128-byte lines of columns all together (gemv_n_major_warps), on counts
+    just off the SMs, twice them and half them, rows 16-byte aligned or one element in; each
+    checked against float64."""
+    torch.manual_seed(0)
+    sms = sm_count()
+    line = 128 // dtype.itemsize  # columns
+    cases = [(1, 4 * line, sms // 4), (2, 4 * line - 3, sms // 4 + 1), (1, line, 2 * sms + 1),
+             (2, 2 * line, sms // 4 - 1), (3, 4 * line, sms // 4), (2, line + 1, sms // 2)]
+    seen = set()
+    for m, n, entries in cases:
+        lines = -(-n // line) * entries
+        warps = gemv_n_major_warps(m, lines, sms)
+        seen.add(warps)
+        for offset in (0, 1):
+            b = torch.randn(entries, 300, n + offset, device="cuda").to(dtype)[..., offset:]
+            a = torch.randn(entries, m, 300, device="cuda").to(dtype)
+            names = product_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
+            kernel = rf"n_major_kernel<.*, {warps}, true>\("  # WARPS, BATCHED
+            assert len(names) == 1 and re.search(kernel, names[0]), (m, n, entries, names)
+            check_bmm(a, b, "skinny_gemv")
+    assert seen == {8, 16, 32}, seen
+
+
 def gemv_k_warps(m: int, n: int, k: int, dtype: torch.dtype, sms: int, entries: int = 1) -> int:
     """The warps of skinny_gemv's K-contiguous blocks that split each 4 weight rows' K: a power
     of two up to 8 and no more than K has steps for (a step is 32 lanes' 16-byte loads of each
@@ -385,6 +408,7 @@ def test_gemv_k_warps_fill_the_sms(dtype):
              (1, rows // 4, 3 * load, 1), (8, rows // 8, 8 * load - 8, 1), (6, 4100, 72, 1),
              (2, 33, 4 * load + 8, 1), (1, 1024, 128, 4), (4, 1000, 200, 3), (1, 33, 64, 128),
              (8, 1000, 2000, 2)]
+    assert not any(gemv_short_k(m, n * entries, k, dtype) for m, n, k, entries in cases)
     seen = set()
     for m, n, k, entries in cases:
         k_warps = gemv_k_warps(m, n, k, dtype, sms, entries)
@@ -403,6 +427,52 @@ def test_gemv_k_warps_fill_the_sms(dtype):
             else:
                 assert_matches_reference(a, b, "skinny_gemv")
     assert seen == {1, 2, 4, 8}, seen
+
+
+def gemv_row_lanes(k: int, dtype: torch.dtype) -> int | None:
+    """The lanes that share a weight row in skinny_gemv's short-K kernel (one 16-byte vector
+    each: 8, 16 or 32), or None where K is more than 32 vectors and k_major_kernel runs."""
+    vectors = -(-k // (16 // dtype.itemsize))
+    if vectors > 32:
+        return None
+    return 8 if vectors <= 8 else 16 if vectors <= 16 else 32
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+def test_gemv_short_rows(dtype):
+    """K of at most 32 16-byte vectors a row (q @ k^T's head size, a LoRA's rank): where
+    gemv_short_k holds, 8, 16 or 32 lanes share each row in short_k_kernel, else k_major_kernel
+    runs; on K just off each count of vectors, 1-8 tokens, rows just off 48 per SM (a batch's
+    entries' together) and off a block's, 16-byte aligned or one element in, products and
+    batches; each checked against float64."""
+    torch.manual_seed(0)
+    vec = 16 // dtype.itemsize
+    ks = sorted({1, 3, vec - 1, vec + 1, 8 * vec - 1, 8 * vec, 8 * vec + 1, 16 * vec, 16 * vec + 3,
+                 32 * vec - 1, 32 * vec})
+    rows = 48 * sm_count()  # the fewest short_k_kernel takes
+    cases = [(1, rows, 1), (2, rows + 193, 1), (3, -(-rows // 7), 7), (4, 129, -(-rows // 129)),
+             (2, rows - 1, 1), (5, rows, 1), (1, 193, 1), (8, -(-rows // 3), 3)]
+    seen = set()
+    for k in ks:
+        lanes = gemv_row_lanes(k, dtype)
+        for m, n, entries in cases:
+            short = gemv_short_k(m, n * entries, k, dtype)
+            seen.add(lanes if short else "k_major")
+            for offset in (0, 1):
+                w = torch.randn(entries, n, k + offset, device="cuda").to(dtype)[..., offset:]
+                x = torch.randn(entries, m, k, device="cuda").to(dtype)
+                b = w.mT if entries > 1 else w[0].t()
+                a = x if entries > 1 else x[0]
+                names = product_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
+                batched = str(entries > 1).lower()
+                kernel = rf"short_k_kernel<.*, {batched}, {lanes}>\(" if short else (
+                    rf"k_major_kernel<.*, {batched}, \d+>\(")
+                assert len(names) == 1 and re.search(kernel, names[0]), (m, n, k, entries, names)
+                if entries > 1:
+                    check_bmm(a, b, "skinny_gemv")
+                else:
+                    assert_matches_reference(a, b, "skinny_gemv")
+    assert seen == {8, 16, 32, "k_major"}, seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
@@ -486,7 +556,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (1, 64, 1024), (40, 1024, 64), (32, 1024, 4096),
                                      (48, 2048, 2048), (1, 1024, 4096), (2, 2048, 14336),
                                      (2, 1024, 1024), (1, 1024, 1000), (4, 1024, 4096),
-                                     (2, 500, 4096), (1, 3072, 4096), (1, 4096, 128)])
+                                     (2, 500, 4096), (1, 3072, 4096), (1, 4096, 128),
+                                     (1, 16384, 128), (4, 14336, 200), (8, 16384, 128),
+                                     (3, 8192, 256), (1, 8192, 264)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

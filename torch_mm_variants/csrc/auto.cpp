@@ -79,13 +79,13 @@ std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b)
   return result;
 }
 
-// The highest rung of the candidates (in ladder order) that does not defer these inputs to a
-// lower one.
+// The highest rung of the candidates (in ladder order) that does not defer `entries` products of
+// these inputs to a lower one.
 const Algorithm* heuristic_choice(const std::vector<const Algorithm*>& candidates,
-                                  const at::Tensor& a, const at::Tensor& b) {
+                                  const at::Tensor& a, const at::Tensor& b, int64_t entries = 1) {
   for (auto it = candidates.rbegin(); it != candidates.rend(); ++it) {
     const Algorithm* algorithm = *it;
-    if (algorithm->defers_to_lower == nullptr || !algorithm->defers_to_lower(a, b) ||
+    if (algorithm->defers_to_lower == nullptr || !algorithm->defers_to_lower(a, b, entries) ||
         std::next(it) == candidates.rend()) {
       return algorithm;
     }
@@ -329,12 +329,12 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* o
   return {candidates[best], "measured", heuristic.bucket};
 }
 
-const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b) {
+const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
   std::vector<const Algorithm*> batched;
   for (const Algorithm* algorithm : eligible(a, b)) {
     if (algorithm->run_batched != nullptr) batched.push_back(algorithm);
   }
-  return batched.empty() ? nullptr : heuristic_choice(batched, a, b);
+  return batched.empty() ? nullptr : heuristic_choice(batched, a, b, entries);
 }
 
 void set_autotune(bool enabled) { autotune_flag().store(enabled); }

@@ -37,9 +37,9 @@ inline const Algorithm& choose_auto(const at::Tensor& a, const at::Tensor& b, co
 }
 
 // Among the rungs that auto may run on these inputs and that take a whole batch in one launch
-// (run_batched), the one auto's heuristic picks (the highest that does not defer to a lower one
-// of them), or nullptr.
-const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b);
+// (run_batched), the one auto's heuristic picks for a batch of `entries` such products (the
+// highest that does not defer them to a lower one of them), or nullptr.
+const Algorithm* batched_candidate(const at::Tensor& a, const at::Tensor& b, int64_t entries);
 
 void set_autotune(bool enabled);
 bool autotune_enabled();

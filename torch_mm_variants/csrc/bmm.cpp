@@ -85,7 +85,10 @@ bool runs_as_one_product(c10::string_view algorithm, const at::Tensor& rows, con
 // run in one launch of the batched rung that auto's heuristic picks among those with a batched
 // kernel (rung 12 or 10), where auto's choice for one entry has none: a launch per entry (rung
 // 11) cost 5-7 us of the host's time each, and ran at 0.02-0.12x of torch.bmm on batches of
-// 32-128 such products on an H200 (decode.md, "Batches of decode products").
+// 32-128 such products on an H200 (decode.md, "Batches of decode products"). Where that choice
+// has a batched kernel, the batch keeps it unless the heuristic, told the count of entries,
+// picks another: rung 12 on the many short rows of q @ k^T in 16 bits, where rung 10 ran at
+// 0.26-0.89x of torch.bmm and rung 12 at 0.66-1.19x (skinny_gemv's short_k_takes).
 // Entries of more than kFewTokens rows (up to kDecodeRows) whose matrix takes kLargeEntryBytes or
 // more keep auto's choice for one entry where that is a higher rung than the batched kernel's: on
 // the H200 rung 11, a launch per entry, ran 8 float32 entries of 16 tokens against 4096 x 1024
@@ -104,12 +107,16 @@ const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view reque
                                  const at::Tensor& a_entry, const at::Tensor& b_entry,
                                  int64_t batch) {
   const int64_t rows = a_entry.size(0), entry_output = rows * b_entry.size(1);
-  if (requested != "auto" || chosen.run_batched != nullptr || batch < 2 ||
+  if (requested != "auto" || batch < 2 ||
       (rows > kDecodeRows && entry_output >= kSmallEntryOutput)) {
     return chosen;
   }
-  const Algorithm* batched = batched_candidate(a_entry, b_entry);
+  const Algorithm* batched = batched_candidate(a_entry, b_entry, batch);
   if (batched == nullptr) return chosen;
+  if (chosen.run_batched != nullptr) {
+    // Kept, but where the entries together lead the heuristic elsewhere than one entry does.
+    return batched != batched_candidate(a_entry, b_entry, 1) ? *batched : chosen;
+  }
   const bool large_entries = rows > kFewTokens && rows <= kDecodeRows &&
                              b_entry.numel() * b_entry.element_size() >= kLargeEntryBytes;
   return large_entries && chosen.rung > batched->rung ? chosen : *batched;

@@ -38,6 +38,9 @@ using BatchedMatmulKernel = void (*)(const at::Tensor& a, const at::Tensor& b, a
 // (e.g. TF32 for float32 only when the user allows it). Null means "always".
 using DevicePredicate = bool (*)(c10::Device device);
 using InputPredicate = bool (*)(const at::Tensor& a, const at::Tensor& b);
+// Whether `auto`'s heuristic passes an algorithm over on `entries` products of a and b run in one
+// launch (1: a single product; more: a bmm batch in its batched kernel, a and b one entry each).
+using DeferPredicate = bool (*)(const at::Tensor& a, const at::Tensor& b, int64_t entries);
 
 struct Algorithm {
   std::string name;
@@ -57,7 +60,7 @@ struct Algorithm {
   BatchedMatmulKernel run_batched = nullptr;
   // Inputs on which `auto`'s heuristic passes this algorithm over for the next lower rung that
   // takes them, because that one was measured faster there. Null: never.
-  InputPredicate defers_to_lower = nullptr;
+  DeferPredicate defers_to_lower = nullptr;
 
   bool supports(c10::ScalarType dtype) const;
 };

@@ -1503,7 +1503,7 @@ void wgmma_fused(const at::Tensor& a, const at::Tensor& b, const Epilogue& epilo
 // Whether auto passes float32 inputs on to rung 8, which would run them anyway (with_tma_gemm),
 // and which takes a whole bmm batch in one launch. Operands with general strides, which
 // with_gemm copies first, count as run there too.
-bool float32_runs_on_rung8(const at::Tensor& a, const at::Tensor& b) {
+bool float32_runs_on_rung8(const at::Tensor& a, const at::Tensor& b, int64_t /*entries*/) {
   if (a.scalar_type() != at::kFloat || k_major_copy(a, b) != KMajorCopy::kNone) return false;
   const auto unit_stride = [](const at::Tensor& t) { return is_row_major(t) || is_col_major(t); };
   if (!unit_stride(a) || !unit_stride(b)) return true;

@@ -555,11 +555,15 @@ void skinny_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   });
 }
 
+// Where `auto` passes a product, or each entry of a batch, on to rung 8 (skinny.cuh says why).
+bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t /*entries*/) {
+  return skinny::rung8_is_faster_on_row_major(a, b);
+}
+
 // mma.sync with bf16 and tf32 needs sm_80.
 MM_VARIANTS_REGISTER({"skinny", c10::kCUDA, 10, cuda_dtypes(), &skinny, &sm80_or_newer,
                       &skinny::few_rows, skinny::kFewRowsOnly, /*auto_candidate=*/true,
-                      /*run_fused=*/nullptr, &skinny_batched,
-                      &skinny::rung8_is_faster_on_row_major});
+                      /*run_fused=*/nullptr, &skinny_batched, &lower_rung_is_faster});
 
 }  // namespace
 }  // namespace mm_variants::cuda

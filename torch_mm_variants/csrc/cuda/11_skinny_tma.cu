@@ -660,7 +660,7 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 // 0.31-0.39x of torch.mm at 128 tokens on 4096 x 4096 and 4096 x 14336, both weight layouts,
 // H100), while this rung still streams the weight once. 16-bit products and TF32 take rung 9
 // (bf16 at 1.01-1.19x of torch.mm at 128 tokens on the three Llama weights, H100).
-bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
+bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t /*entries*/) {
   // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous:
   // 16-bit ones go to rung 10, which reads them in place, and large float32 ones, which rung 10
   // copies too, on to rung 8.

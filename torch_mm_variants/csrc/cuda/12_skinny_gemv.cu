@@ -14,12 +14,16 @@
 //   the same k before it uses any, so each SM keeps tens of KB in flight; a warp's load of a row
 //   is 512 contiguous bytes. A block's 8 warps form groups of 1 to 8, as many warps to a group
 //   as bring the grid nearest one wave of the warps the SMs hold (k_warps_for).
+// - K-contiguous rows of at most 32 16-byte vectors (q @ k^T at a head size of 128): a group's
+//   step would leave most lanes idle, so 8 to 32 lanes share a row, a vector each, and a warp
+//   load takes whole rows (short_k_kernel, where short_k_takes).
 // - N-contiguous weight: a block owns 128 bytes of columns of each weight row (32 floats, 64
 //   16-bit elements: one 128-byte line where the rows are so aligned). A warp's load takes them
 //   from 4 rows, 4 apart (8 lanes a row); a lane loads 4 consecutive rows per step (so one vector
 //   load of x serves them), and the warps split K. Lanes sum x[m][k] * w[k][n] into their 4 or 8
 //   columns. Blocks have 8 warps, or at one or two tokens up to 32, as many as let every line's
-//   block run at once: more bytes in flight, and no K split where lines are at least half the SMs.
+//   block run at once: more bytes in flight, and no K split where lines (a batch's entries' all
+//   together) are at least half the SMs.
 // - The lanes' sums meet by shuffles within a warp and in shared memory across warps, always in
 //   the same order. Where N gives fewer blocks than SMs, blocks split K as in rung 10, and a
 //   second pass adds the splits in order (k_splits): no atomics, the same bits on every run.
@@ -35,6 +39,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
@@ -206,6 +211,57 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
   }
 }
 
+// K-contiguous weight whose rows are at most ROW_LANES 16-byte vectors (q @ k^T at a head size
+// of 128, a LoRA's rank): ROW_LANES lanes share a row, a vector each, so that one warp load takes
+// 32 / ROW_LANES whole rows, and a lane loads kShortRows such rows before using any. k_major_kernel
+// would leave lanes idle there: its step at one token is 3 vectors a lane of 4 rows, 768 16-bit k.
+// A row's sums meet by shuffles among its lanes: no shared memory, no K split. Up to 4 tokens
+// (short_k_takes).
+template <int TOKENS>
+constexpr int kShortRows = TOKENS == 1 ? 12 : 8;
+
+template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED, int ROW_LANES>
+__global__ void __launch_bounds__(kThreads, 2) short_k_kernel(Problem<T> p) {
+  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
+  constexpr int V = kVec<T>, R = kShortRows<TOKENS>, S = 32 / ROW_LANES;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int slot = lane / ROW_LANES;  // of the warp load's S rows
+  const int k = lane % ROW_LANES * V;
+  const int left = std::min(p.K - k, V);  // 0 or less past K: zeros, nothing read
+  const int64_t first_row = (static_cast<int64_t>(blockIdx.x) * kWarps + warp) * R * S + slot;
+  uint4 xv[TOKENS], wv[R];
+#pragma unroll
+  for (int m = 0; m < TOKENS; ++m) {
+    xv[m] = load_row<true, false>(p.x + std::min(m, p.M - 1) * p.ldx + k, left);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t n = std::min<int64_t>(first_row + r * S, p.N - 1);
+    wv[r] = load_row<W_VECTOR, true>(p.w + n * p.ldw + k, left);
+  }
+  float acc[R][TOKENS] = {};
+#pragma unroll
+  for (int m = 0; m < TOKENS; ++m) {
+    float xf[V];
+#pragma unroll
+    for (int i = 0; i < V; ++i) xf[i] = element<T>(xv[m], i);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[r][m] = fmaf(element<T>(wv[r], i), xf[i], acc[r][m]);
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t n = first_row + r * S;
+#pragma unroll
+    for (int m = 0; m < TOKENS; ++m) {
+      const float sum = sum_over_lanes(acc[r][m], 1, ROW_LANES / 2);
+      if (lane % ROW_LANES == 0 && m < p.M && n < p.N) skinny::store_sum(p, m, n, sum);
+    }
+  }
+}
+
 // N-contiguous weight: block blockIdx.x computes out[:, C bx : C bx + C] over its k range, C the
 // elements of a 128-byte line, its WARPS warps splitting it. W_VECTOR: w's pointer and leading
 // dimension are 16-byte aligned. BATCHED as for k_major_kernel.
@@ -285,7 +341,7 @@ __global__ void __launch_bounds__(32 * WARPS) n_major_kernel(Problem<T> p) {
 //   (1): unchanged, and the other counts slower there.
 inline int k_warps_for(int64_t K, int warp_step, int64_t N, const skinny::Batch& batch) {
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-  const int64_t wave = 16 * int64_t{sms};
+  const int64_t wave = 2 * kWarps * int64_t{sms};  // two blocks an SM
   const int64_t row_groups = ceil_div(N, int64_t{kRowsPerBlock}) * batch.entries;
   const int64_t steps = ceil_div(K, int64_t{warp_step});
   int k_warps = 1;
@@ -298,30 +354,80 @@ inline int k_warps_for(int64_t K, int warp_step, int64_t N, const skinny::Batch&
   return k_warps;
 }
 
-// f(std::integral_constant<int, k_warps>), k_warps 1, 2, 4 or kWarps.
+// f(std::integral_constant<int, P>), P the least of 1, 2, 4 and 8 that is at least n: the
+// kernels' token counts (kMaxTokens) and warps to a row group (kWarps).
+static_assert(kMaxTokens == 8 && kWarps == 8);
 template <typename F>
-void dispatch_k_warps(int k_warps, F&& f) {
-  switch (k_warps) {
-    case 1: return f(std::integral_constant<int, 1>{});
-    case 2: return f(std::integral_constant<int, 2>{});
-    case 4: return f(std::integral_constant<int, 4>{});
-    default: return f(std::integral_constant<int, kWarps>{});
-  }
+void dispatch_power_of_two(int64_t n, F&& f) {
+  if (n <= 1) return f(std::integral_constant<int, 1>{});
+  if (n <= 2) return f(std::integral_constant<int, 2>{});
+  if (n <= 4) return f(std::integral_constant<int, 4>{});
+  f(std::integral_constant<int, 8>{});
 }
 
-// K-contiguous weight: blocks of kRowsPerBlock rows per group of warps, splitting K where they
-// are fewer than SMs, then the pass that adds the splits.
+// Where short_k_kernel takes a K-contiguous product of M tokens over `rows` weight rows (N, times
+// a batch's entries): rows of at most 32 16-byte vectors, M <= 4, and 48 rows per SM or more. In
+// CUDA graphs, weights rotated past L2 (H200), against the kernel `auto` ran before (rung 10 for
+// 16 bits, k_major_kernel for float32), as fractions of torch.bmm / torch.mm's speed:
+// - q @ k^T batches, bf16, at 1 / 4 tokens: 32 x [1024, 128] 1.07x / 0.79x (rung 10 0.54x /
+//   0.54x), 32 x [4096, 128] 1.03x / 0.74x (0.45x / 0.44x), 128 x [4096, 128] 1.01x / 0.66x
+//   (0.34x / 0.35x), 32 x [4096, 64] 1.19x / 0.92x (0.26x / 0.27x), 8 x [1024, 256] 1.19x / 0.93x
+//   (0.89x / 0.89x); float32, 32 x [4096, 128] 1.27x / 2.17x (1.03x / 1.73x), 128 x [4096, 128]
+//   1.39x / 1.96x (1.06x / 1.44x), 32 x [4096, 64] 1.52x / 2.45x (0.71x / 1.00x).
+// - Single products at 1-4 tokens: bf16 16384 x 128 0.98-1.24x (0.72-0.73x), 14336 x 200
+//   0.77-1.06x (0.74-0.75x); float32 16384 x 128 1.23-1.46x (1.12-1.34x).
+// Not taken: 8 tokens (bf16 14336 x 200 0.41x against 0.73x, float32 16384 x 128 1.00x against
+// 1.05x); fewer rows, where a block's 96-192 rows leave SMs idle (float32 1024 x 128 at one token
+// 1.05x against 1.20x, 4096 x 128 at 4 tokens 1.12x against 1.24x; bf16 1024 x 128 1.17x against
+// rung 10's 1.34x, 4096 x 128 level with it).
+inline bool short_k_takes(int64_t K, int64_t vector, int64_t M, int64_t rows, int64_t sms) {
+  return K <= 32 * vector && M <= 4 && rows >= 48 * sms;
+}
+
+// K-contiguous rows of at most 32 16-byte vectors: short_k_kernel, 8, 16 or 32 lanes to a row.
+template <typename T, int TOKENS>
+void launch_short_k(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
+                    const skinny::Batch& batch) {
+  static_assert(TOKENS <= 4);
+  const int64_t vectors = ceil_div(x.data.size(1), int64_t{kVec<T>});  // of a row
+  const int row_lanes = vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32;
+  const int64_t rows_per_block = int64_t{kWarps} * kShortRows<TOKENS> * (32 / row_lanes);
+  const skinny::SplitProduct<T> product(x, w, out, KSplit{1, x.data.size(1)}, batch);
+  const KernelLaunch launch(skinny::grid_of(ceil_div(out.size(1), rows_per_block), 1, batch),
+                            kThreads, 0);
+  const auto run = [&](auto row_lanes_c) {
+    dispatch_bools(
+        [&](auto w_vector_c, auto batched_c) {
+          launch.run(short_k_kernel<T, TOKENS, decltype(w_vector_c)::value,
+                                    decltype(batched_c)::value, decltype(row_lanes_c)::value>,
+                     product.problem());
+        },
+        skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1);
+  };
+  if (row_lanes == 8) return run(std::integral_constant<int, 8>{});
+  if (row_lanes == 16) return run(std::integral_constant<int, 16>{});
+  run(std::integral_constant<int, 32>{});
+}
+
+// K-contiguous weight: short_k_kernel where short_k_takes, else blocks of kRowsPerBlock rows per
+// group of warps, splitting K where they are fewer than SMs, then the pass that adds the splits.
 template <typename T, int TOKENS>
 void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
                     const skinny::Batch& batch) {
   constexpr int kStep = 32 * kVec<T> * kVectorsPerRow<TOKENS>;  // a warp's
   const int64_t K = x.data.size(1);
+  if constexpr (TOKENS <= 4) {
+    const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+    if (short_k_takes(K, kVec<T>, TOKENS, out.size(1) * batch.entries, sms)) {
+      return launch_short_k<T, TOKENS>(x, w, out, batch);
+    }
+  }
   const int k_warps = k_warps_for(K, kStep, out.size(1), batch);
   const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock * (kWarps / k_warps));
   const skinny::SplitProduct<T> product(
       x, w, out, skinny::split_for(batch, blocks, K, kStep, int64_t{kStep} * k_warps), batch);
   const KernelLaunch launch(skinny::grid_of(blocks, product.splits(), batch), kThreads, 0);
-  dispatch_k_warps(k_warps, [&](auto k_warps_c) {
+  dispatch_power_of_two(k_warps, [&](auto k_warps_c) {
     dispatch_bools(
         [&](auto w_vector_c, auto batched_c) {
           launch.run(k_major_kernel<T, TOKENS, decltype(w_vector_c)::value,
@@ -336,9 +442,9 @@ void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& ou
 // N-contiguous weight, rows 16-byte aligned or not (W_VECTOR): blocks of WARPS warps, one per
 // 128-byte line of columns, splitting K where they would leave SMs idle (a block of 16 or 32
 // warps counts as 2 or 4 of 8 in split_k's rule), then the pass that adds the splits.
-template <typename T, int TOKENS, bool W_VECTOR, int WARPS, bool BATCHED = false>
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS, bool BATCHED>
 void launch_n_major_blocks(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
-                           int64_t lines, const skinny::Batch& batch = {}) {
+                           int64_t lines, const skinny::Batch& batch) {
   constexpr int kStep = kNMajorStep<WARPS>;
   const skinny::SplitProduct<T> product(
       x, w, out, skinny::split_for(batch, lines * WARPS / kWarps, x.data.size(1), kStep, kStep),
@@ -349,9 +455,9 @@ void launch_n_major_blocks(const skinny::Rows& x, const skinny::Rows& w, at::Ten
 }
 
 // Whether the blocks of WARPS warps, one per line, all fit on the SMs at once.
-template <typename T, int TOKENS, bool W_VECTOR, int WARPS>
+template <typename T, int TOKENS, bool W_VECTOR, int WARPS, bool BATCHED>
 bool lines_fit_one_wave(int64_t lines, int sms) {
-  const int per_sm = resident_blocks_per_sm(n_major_kernel<T, TOKENS, W_VECTOR, WARPS>,
+  const int per_sm = resident_blocks_per_sm(n_major_kernel<T, TOKENS, W_VECTOR, WARPS, BATCHED>,
                                             32 * WARPS, 0);
   return lines <= static_cast<int64_t>(per_sm) * sms;
 }
@@ -367,32 +473,35 @@ bool lines_fit_one_wave(int64_t lines, int sms) {
 // split would fill them, with as many warps or fewer; not measured against 8 there, 2112 and 3072
 // columns ran at 1.05-1.30x of torch.mm at one token. Past two tokens blocks of 16 warps ran up to
 // 20% slower than 8 (4096 x 14336 at 7-8 tokens), and with fewer lines than half the SMs, where K
-// splits either way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8. A batch's entries
-// fill the SMs together, in blocks of 8 warps.
+// splits either way, up to 3% (2048 x 2048 at 1-2 tokens), so those keep 8. A batch's lines
+// count together (its entries fill the SMs together): float32 p @ v at one token (H200, CUDA
+// graphs, values rotated past L2) went from 0.72x to 1.05x of torch.bmm's speed on 32 x [4096,
+// 128] and 16 x [4096, 256], from 0.96x to 1.24x on 32 x [1024, 128], from 1.03x to 1.10x on
+// 64 x [2048, 128], against blocks of 8 warps.
 template <typename T, int TOKENS>
 void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
                     const skinny::Batch& batch) {
-  const int64_t lines = ceil_div(out.size(1), kLanesPerRow * kVec<T>);
+  const int64_t lines = ceil_div(out.size(1), kLanesPerRow * kVec<T>);  // of an entry
+  const int64_t all_lines = lines * batch.entries;
   const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
   dispatch_bools(
-      [&](auto w_vector_c) {
-        constexpr bool kVector = decltype(w_vector_c)::value;
-        if (batch.entries > 1) {
-          return launch_n_major_blocks<T, TOKENS, kVector, kWarps, true>(x, w, out, lines, batch);
-        }
+      [&](auto w_vector_c, auto batched_c) {
+        constexpr bool kVector = decltype(w_vector_c)::value, kBatched = decltype(batched_c)::value;
         if constexpr (TOKENS <= 2) {
-          if (2 * lines >= sms) {
-            if (lines_fit_one_wave<T, TOKENS, kVector, 32>(lines, sms)) {
-              return launch_n_major_blocks<T, TOKENS, kVector, 32>(x, w, out, lines);
+          if (2 * all_lines >= sms) {
+            if (lines_fit_one_wave<T, TOKENS, kVector, 32, kBatched>(all_lines, sms)) {
+              return launch_n_major_blocks<T, TOKENS, kVector, 32, kBatched>(x, w, out, lines,
+                                                                             batch);
             }
-            if (lines_fit_one_wave<T, TOKENS, kVector, 16>(lines, sms)) {
-              return launch_n_major_blocks<T, TOKENS, kVector, 16>(x, w, out, lines);
+            if (lines_fit_one_wave<T, TOKENS, kVector, 16, kBatched>(all_lines, sms)) {
+              return launch_n_major_blocks<T, TOKENS, kVector, 16, kBatched>(x, w, out, lines,
+                                                                             batch);
             }
           }
         }
-        launch_n_major_blocks<T, TOKENS, kVector, kWarps>(x, w, out, lines);
+        launch_n_major_blocks<T, TOKENS, kVector, kWarps, kBatched>(x, w, out, lines, batch);
       },
-      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch));
+      skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1);
 }
 
 // The kernel for the tokens of x (M of them), on a weight read N-major or K-contiguous; x, w and
@@ -400,21 +509,11 @@ void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& ou
 template <typename T>
 void launch_gemv(const skinny::Rows& x, const skinny::Rows& w, bool n_major, at::Tensor& out,
                  const skinny::Batch& batch = {}) {
-  const auto launch = [&](auto tokens_c) {
+  dispatch_power_of_two(x.data.size(0), [&](auto tokens_c) {
     constexpr int kTokens = decltype(tokens_c)::value;
     if (n_major) return launch_n_major<T, kTokens>(x, w, out, batch);
     launch_k_major<T, kTokens>(x, w, out, batch);
-  };
-  const int64_t M = x.data.size(0);
-  if (M == 1) {
-    launch(std::integral_constant<int, 1>{});
-  } else if (M == 2) {
-    launch(std::integral_constant<int, 2>{});
-  } else if (M <= 4) {
-    launch(std::integral_constant<int, 4>{});
-  } else {
-    launch(std::integral_constant<int, 8>{});
-  }
+  });
 }
 
 // A weight stored row by row ([K, N], N-contiguous) is read in place; any other layout of b as
@@ -467,7 +566,8 @@ constexpr const char* kFewTokensOnly =
 // rows, 1.03-1.18x; with L2 cleared before each call (bf16), 0.97-1.24x. Not taken: 512 rows,
 // from 1.31x as fast (K = 4096) to 1.17 times slower (14336, split over blocks); 3072 rows and
 // more, from 5% faster to 6% slower; K = 512, level; K = 128 (q @ k^T at a head size of 128), up
-// to 1.35 times slower; 3-4 tokens, from 1.27x as fast to 9% slower.
+// to 1.35 times slower (short_k_takes has where this rung's short_k_kernel leads there); 3-4
+// tokens, from 1.27x as fast to 9% slower.
 bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
   const int64_t sms = device_info_for(a.device())->multiProcessorCount;
   const int64_t N = b.size(1);
@@ -495,9 +595,16 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
 //   14336 x 4096 (L2 cleared before each call). This rung takes those up to 8 tokens.
 // - 16 bits: at one token this rung ran from 3% faster to 16% slower than rungs 10 and 11 on
 //   the Llama weights, and from 4 tokens slower everywhere: its K-contiguous kernel then holds
-//   166 registers or more, one block per SM. See narrow_16bit_weight for where it leads.
-bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b) {
-  if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b);
+//   166 registers or more, one block per SM. See narrow_16bit_weight and short_k_takes for where
+//   it leads (on `entries` products in one launch: a bmm batch, a and b one entry each).
+bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
+  if (a.scalar_type() != at::kFloat) {
+    const int64_t sms = device_info_for(a.device())->multiProcessorCount;
+    const bool short_rows = !skinny::row_major(b) &&
+                            short_k_takes(b.size(0), 16 / a.element_size(), a.size(0),
+                                          b.size(1) * entries, sms);
+    return !short_rows && !narrow_16bit_weight(a, b);
+  }
   const bool row_major = skinny::row_major(b);
   if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
   if (a.size(0) <= 2) return false;
