@@ -39,7 +39,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstdint>
 #include <type_traits>
 #include <utility>
