@@ -114,7 +114,9 @@ const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view reque
   const Algorithm* batched = batched_candidate(a_entry, b_entry, batch);
   if (batched == nullptr) return chosen;
   if (chosen.run_batched != nullptr) {
-    // Kept, but where the entries together lead the heuristic elsewhere than one entry does.
+    // Kept, but where the entries together lead the heuristic elsewhere than one entry does
+    // (asked only where the batch's pick differs from it: the second scan costs host time).
+    if (batched == &chosen) return chosen;
     return batched != batched_candidate(a_entry, b_entry, 1) ? *batched : chosen;
   }
   const bool large_entries = rows > kFewTokens && rows <= kDecodeRows &&
