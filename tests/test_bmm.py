@@ -129,13 +129,14 @@ def test_decode_batches_run_in_one_launch(dtype):
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
     values = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
+    entries, rows, head = keys.shape
     for m in [1, 2, 3, 8, 9, 17, 33, 64]:
         queries = torch.randn(24, m, 128, device="cuda", dtype=dtype)
         scores = torch.randn(24, m, 1000, device="cuda", dtype=dtype)
         for a, b in [(queries, keys.transpose(1, 2)), (scores, values)]:
             names = product_kernels(lambda: mmv.matmul(a, b))
             choice, one_entry = mmv.auto_choice(a, b), mmv.auto_choice(a[0], b[0])
-            short_rows = b is not values and gemv_short_k(m, 24 * 1000, 128, dtype)
+            short_rows = b is not values and gemv_short_k(m, entries * rows, head, dtype)
             gemv = one_entry == "skinny_gemv" or short_rows
             expected = "skinny_gemv" if gemv else "skinny"
             assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
