@@ -53,9 +53,10 @@ def sm_count() -> int:
 
 def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
     """Where skinny_gemv runs a K-contiguous product of m tokens over `rows` weight rows (N, times
-    a batch's entries) in its short-K kernel: rows of at most 32 16-byte vectors, m <= 4, and at
-    least 48 rows per SM. `auto` then takes skinny_gemv in 16 bits too."""
-    return -(-k // (16 // dtype.itemsize)) <= 32 and m <= 4 and rows >= 48 * sm_count()
+    a batch's entries) in its short-K kernel: rows of at most 32 16-byte vectors, m <= 4 (or 8 on
+    rows of at most 64 elements), and at least 48 rows per SM. `auto` then takes skinny_gemv."""
+    tokens_fit = m <= 4 or (m <= 8 and k <= 64)
+    return -(-k // (16 // dtype.itemsize)) <= 32 and tokens_fit and rows >= 48 * sm_count()
 
 
 def devices() -> list[str]:
@@ -266,8 +267,15 @@ def launched_kernels(run) -> list[dict]:
 
 
 def product_kernels(run) -> list[str]:
-    """The names of the package's kernels that run() launches (not ATen's copies or fills)."""
-    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]]
+    """The names of the package's kernels that run() launches to multiply: not ATen's copies or
+    fills, nor the pass that adds the partial sums of blocks that split K (split_kernels)."""
+    return [e["name"] for e in launched_kernels(run) if "mm_variants" in e["name"]
+            and "sum_splits_kernel" not in e["name"]]
+
+
+def split_kernels(run) -> list[str]:
+    """The passes that add K splits' partial sums among the kernels that run() launches."""
+    return [e["name"] for e in launched_kernels(run) if "sum_splits_kernel" in e["name"]]
 
 
 def capture_graph(work, stream=None):

@@ -11,7 +11,7 @@ import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
                       assert_gradients_match, assert_result, capture_graph, check_bmm, devices,
                       gemv_short_k, gpu_available, product_kernels, random_matrix,
-                      relative_error, run_accepted)
+                      relative_error, run_accepted, split_kernels)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -181,6 +181,35 @@ def test_batches_past_the_grids_limit_take_more_launches(algorithm):
     b = torch.randn(65537, 8, 5, device="cuda", dtype=torch.bfloat16)
     assert len(product_kernels(lambda: mmv.matmul(a, b, algorithm))) == 2
     check_bmm(a, b, algorithm)
+
+
+@pytest.mark.cuda
+@needs_skinny
+@pytest.mark.parametrize("algorithm", ["skinny", "skinny_gemv"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_batches_of_few_blocks_split_k(algorithm, dtype):
+    """A batch whose entries' blocks, all together, are fewer than the SMs (p @ v at decode over a
+    few sequences, 8 x [4096, 128] at one token; two entries of a long K against 64 rows each)
+    splits K over them: one launch of the batched kernel, then one pass that adds every entry's
+    splits in order. It matches float64, gives the same bits on every run, and replays from a
+    CUDA graph. A batch whose blocks fill the SMs (64 x [512, 1024]) does not split."""
+    torch.manual_seed(0)
+    values = torch.randn(8, 4096, 128, device="cuda", dtype=dtype)  # row-major [K, N]
+    weights = torch.randn(2, 64, 16384, device="cuda", dtype=dtype)  # nn.Linear [N, K]
+    for a, b, splits in [(torch.randn(8, 1, 4096, device="cuda", dtype=dtype), values, 1),
+                         (torch.randn(2, 2, 16384, device="cuda", dtype=dtype), weights.mT, 1),
+                         (torch.randn(64, 1, 512, device="cuda", dtype=dtype),
+                          torch.randn(64, 512, 1024, device="cuda", dtype=dtype), 0)]:
+        run = lambda: mmv.matmul(a, b, algorithm)  # noqa: E731
+        assert len(split_kernels(run)) == splits, (a.shape, b.shape)
+        assert len(product_kernels(run)) == 1, (a.shape, b.shape)
+        check_bmm(a, b, algorithm)
+        assert torch.equal(run(), run())
+        graph, out = capture_graph(run)
+        a.copy_(torch.randn_like(a))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run())
 
 
 @pytest.mark.parametrize("device", devices())

@@ -157,12 +157,13 @@ def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = Fal
     nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
     have up to 4096 columns; on row-major weights it does not read (which the rungs below copy or
     load element by element), up to 8. 16 bits: nn.Linear weights of 4 to 16 rows per SM and
-    K >= 1024, at 1-2 tokens, and those its short-K kernel takes (gemv_short_k). Other products
-    stay on the rungs below."""
+    K >= 1024, at 1-2 tokens. Both: nn.Linear weights its short-K kernel takes (gemv_short_k).
+    Other products stay on the rungs below."""
+    if not row_major and gemv_short_k(m, n, k, dtype):
+        return True
     if dtype != torch.float32:
         sms = sm_count()
-        narrow = m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
-        return not row_major and (narrow or gemv_short_k(m, n, k, dtype))
+        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
     if m > 8:
         return False
     if m <= 2 or (row_major and not tma_reads_it):
@@ -442,16 +443,17 @@ def gemv_row_lanes(k: int, dtype: torch.dtype) -> int | None:
 def test_gemv_short_rows(dtype):
     """K of at most 32 16-byte vectors a row (q @ k^T's head size, a LoRA's rank): where
     gemv_short_k holds, 8, 16 or 32 lanes share each row in short_k_kernel, else k_major_kernel
-    runs; on K just off each count of vectors, 1-8 tokens, rows just off 48 per SM (a batch's
+    runs; on K just off each count of vectors and off 64 elements (the longest rows it takes at
+    5-8 tokens), 1-8 tokens, rows just off 48 per SM (a batch's
     entries' together) and off a block's, 16-byte aligned or one element in, products and
     batches; each checked against float64."""
     torch.manual_seed(0)
     vec = 16 // dtype.itemsize
     ks = sorted({1, 3, vec - 1, vec + 1, 8 * vec - 1, 8 * vec, 8 * vec + 1, 16 * vec, 16 * vec + 3,
-                 32 * vec - 1, 32 * vec})
+                 32 * vec - 1, 32 * vec, 63, 64, 65})
     rows = 48 * sm_count()  # the fewest short_k_kernel takes
     cases = [(1, rows, 1), (2, rows + 193, 1), (3, -(-rows // 7), 7), (4, 129, -(-rows // 129)),
-             (2, rows - 1, 1), (5, rows, 1), (1, 193, 1), (8, -(-rows // 3), 3)]
+             (2, rows - 1, 1), (5, rows, 1), (1, 193, 1), (8, -(-rows // 3), 3), (7, rows - 1, 1)]
     seen = set()
     for k in ks:
         lanes = gemv_row_lanes(k, dtype)
@@ -558,7 +560,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (2, 1024, 1024), (1, 1024, 1000), (4, 1024, 4096),
                                      (2, 500, 4096), (1, 3072, 4096), (1, 4096, 128),
                                      (1, 16384, 128), (4, 14336, 200), (8, 16384, 128),
-                                     (3, 8192, 256), (1, 8192, 264)])
+                                     (3, 8192, 256), (1, 8192, 264), (8, 16384, 64),
+                                     (6, 16384, 64), (8, 16384, 65)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

@@ -431,8 +431,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
-// A batch's entries (x, w and out then entry 0's) are the grid's third dimension; their blocks
-// fill the SMs together, and K is not split.
+// A batch's entries (x, w and out then entry 0's) are the grid's third dimension; K is split
+// where all their blocks together are fewer than SMs.
 template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                    at::Tensor& out, const skinny::Batch& batch) {
@@ -546,7 +546,8 @@ void launch_batch(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 }
 
 // A whole bmm batch (run_batched; registry.h gives the layout of out): the batch is the grid's
-// third dimension, each block offsetting its operands by its entry's strides, and K is not split.
+// third dimension, each block offsetting its operands by its entry's strides; K is split where all
+// entries' blocks together leave SMs idle (skinny::split_for).
 // A batch of decode-sized products (a few tokens against small matrices each, as attention's are
 // at decode) then costs one launch where it took one per entry.
 void skinny_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {

@@ -214,10 +214,10 @@ __global__ void __launch_bounds__(kThreads, (kMinKMajorBlocks<T, BATCHED>))
 // of 128, a LoRA's rank): ROW_LANES lanes share a row, a vector each, so that one warp load takes
 // 32 / ROW_LANES whole rows, and a lane loads kShortRows such rows before using any. k_major_kernel
 // would leave lanes idle there: its step at one token is 3 vectors a lane of 4 rows, 768 16-bit k.
-// A row's sums meet by shuffles among its lanes: no shared memory, no K split. Up to 4 tokens
-// (short_k_takes).
+// A row's sums meet by shuffles among its lanes: no shared memory, no K split. Up to 4 tokens, or 8
+// on rows of at most 64 elements (short_k_takes); fewer rows a lane as tokens hold more registers.
 template <int TOKENS>
-constexpr int kShortRows = TOKENS == 1 ? 12 : 8;
+constexpr int kShortRows = TOKENS == 1 ? 12 : TOKENS <= 4 ? 8 : 4;
 
 template <typename T, int TOKENS, bool W_VECTOR, bool BATCHED, int ROW_LANES>
 __global__ void __launch_bounds__(kThreads, 2) short_k_kernel(Problem<T> p) {
@@ -365,7 +365,8 @@ void dispatch_power_of_two(int64_t n, F&& f) {
 }
 
 // Where short_k_kernel takes a K-contiguous product of M tokens over `rows` weight rows (N, times
-// a batch's entries): rows of at most 32 16-byte vectors, M <= 4, and 48 rows per SM or more. In
+// a batch's entries): rows of at most 32 16-byte vectors, M <= 4 (or 8 on rows of at most 64
+// elements), and 48 rows per SM or more. In
 // CUDA graphs, weights rotated past L2 (H200), against the kernel `auto` ran before (rung 10 for
 // 16 bits, k_major_kernel for float32), as fractions of torch.bmm / torch.mm's speed:
 // - q @ k^T batches, bf16, at 1 / 4 tokens: 32 x [1024, 128] 1.07x / 0.79x (rung 10 0.54x /
@@ -375,19 +376,22 @@ void dispatch_power_of_two(int64_t n, F&& f) {
 //   1.39x / 1.96x (1.06x / 1.44x), 32 x [4096, 64] 1.52x / 2.45x (0.71x / 1.00x).
 // - Single products at 1-4 tokens: bf16 16384 x 128 0.98-1.24x (0.72-0.73x), 14336 x 200
 //   0.77-1.06x (0.74-0.75x); float32 16384 x 128 1.23-1.46x (1.12-1.34x).
-// Not taken: 8 tokens (bf16 14336 x 200 0.41x against 0.73x, float32 16384 x 128 1.00x against
-// 1.05x); fewer rows, where a block's 96-192 rows leave SMs idle (float32 1024 x 128 at one token
-// 1.05x against 1.20x, 4096 x 128 at 4 tokens 1.12x against 1.24x; bf16 1024 x 128 1.17x against
-// rung 10's 1.34x, 4096 x 128 level with it).
+// - 8 tokens on rows of 64 elements (4 rows a lane): fp16 16384 x 64 0.82x (rung 10 0.61x),
+//   32 x [4096, 64] 0.43x (0.20x); float32 16384 x 64 1.25x (0.78x), 32 x [4096, 64] 1.29x (0.76x).
+// Not taken: 5-8 tokens on longer rows (more lanes a row, so more shuffles to sum each), behind
+// rung 10 (bf16 14336 x 200 0.42x against 0.72x, 16384 x 128 level; float32 32 x [1024, 128]
+// 0.86x against 0.91x); fewer rows, where a block's 96-192 rows leave SMs idle (float32 1024 x 128
+// at one token 1.05x against 1.20x, 4096 x 128 at 4 tokens 1.12x against 1.24x; bf16 1024 x 128
+// 1.17x against rung 10's 1.34x, 4096 x 128 level with it).
 inline bool short_k_takes(int64_t K, int64_t vector, int64_t M, int64_t rows, int64_t sms) {
-  return K <= 32 * vector && M <= 4 && rows >= 48 * sms;
+  const bool tokens_fit = M <= 4 || (M <= 8 && K <= 64);
+  return K <= 32 * vector && tokens_fit && rows >= 48 * sms;
 }
 
 // K-contiguous rows of at most 32 16-byte vectors: short_k_kernel, 8, 16 or 32 lanes to a row.
 template <typename T, int TOKENS>
 void launch_short_k(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& out,
                     const skinny::Batch& batch) {
-  static_assert(TOKENS <= 4);
   const int64_t vectors = ceil_div(x.data.size(1), int64_t{kVec<T>});  // of a row
   const int row_lanes = vectors <= 8 ? 8 : vectors <= 16 ? 16 : 32;
   const int64_t rows_per_block = int64_t{kWarps} * kShortRows<TOKENS> * (32 / row_lanes);
@@ -415,11 +419,9 @@ void launch_k_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& ou
                     const skinny::Batch& batch) {
   constexpr int kStep = 32 * kVec<T> * kVectorsPerRow<TOKENS>;  // a warp's
   const int64_t K = x.data.size(1);
-  if constexpr (TOKENS <= 4) {
-    const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
-    if (short_k_takes(K, kVec<T>, TOKENS, out.size(1) * batch.entries, sms)) {
-      return launch_short_k<T, TOKENS>(x, w, out, batch);
-    }
+  const int sms = device_properties(c10::cuda::current_device()).multiProcessorCount;
+  if (short_k_takes(K, kVec<T>, TOKENS, out.size(1) * batch.entries, sms)) {
+    return launch_short_k<T, TOKENS>(x, w, out, batch);
   }
   const int k_warps = k_warps_for(K, kStep, out.size(1), batch);
   const int64_t blocks = ceil_div(out.size(1), kRowsPerBlock * (kWarps / k_warps));
@@ -541,8 +543,8 @@ void skinny_gemv(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
                                    [&] { skinny_gemv_typed<scalar_t>(a, b, out); });
 }
 
-// A whole bmm batch in one launch (run_batched), its entries the grid's third dimension, K not
-// split: a batch of a few tokens against each entry's own matrix (attention's products at decode)
+// A whole bmm batch in one launch (run_batched), its entries the grid's third dimension, K split
+// only where all their blocks together are fewer than SMs: a batch of a few tokens against each entry's own matrix (attention's products at decode)
 // costs one launch, not one per entry, and row-major float32 entries are read in place.
 void skinny_gemv_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_skinny_gemv_batched", [&] {
@@ -594,16 +596,16 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
 //   14336 x 4096 (L2 cleared before each call). This rung takes those up to 8 tokens.
 // - 16 bits: at one token this rung ran from 3% faster to 16% slower than rungs 10 and 11 on
 //   the Llama weights, and from 4 tokens slower everywhere: its K-contiguous kernel then holds
-//   166 registers or more, one block per SM. See narrow_16bit_weight and short_k_takes for where
-//   it leads (on `entries` products in one launch: a bmm batch, a and b one entry each).
+//   166 registers or more, one block per SM. See narrow_16bit_weight for where it leads.
+// - Both: the products short_k_takes stay here, at any width or token count it allows (on
+//   `entries` products in one launch: a bmm batch, a and b one entry each).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
-  if (a.scalar_type() != at::kFloat) {
-    const int64_t sms = device_info_for(a.device())->multiProcessorCount;
-    const bool short_rows = !skinny::row_major(b) &&
-                            short_k_takes(b.size(0), 16 / a.element_size(), a.size(0),
-                                          b.size(1) * entries, sms);
-    return !short_rows && !narrow_16bit_weight(a, b);
+  const int64_t sms = device_info_for(a.device())->multiProcessorCount;
+  if (!skinny::row_major(b) && short_k_takes(b.size(0), 16 / a.element_size(), a.size(0),
+                                             b.size(1) * entries, sms)) {
+    return false;
   }
+  if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b);
   const bool row_major = skinny::row_major(b);
   if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
   if (a.size(0) <= 2) return false;

@@ -121,7 +121,7 @@ struct Problem {
   const T* x;  // x[m][k] at x[m * ldx + k]; rows 16-byte aligned
   int64_t ldx;
   T* out;          // [M][N], contiguous
-  float* partial;  // [gridDim.y][M][N] when blocks split K, else null
+  float* partial;  // [gridDim.y][gridDim.z][M][N] (splits, entries) when blocks split K, else null
   int M, N, K;
   int64_t k_per_block;
   // A batch (run_batched of rungs 10 and 12): entry blockIdx.z's w, x and out lie these many
@@ -144,10 +144,12 @@ struct Batch {
 
 constexpr int kMaxSplits = 16;  // of a product's K
 
-// How the blocks of a product split K (split_k), or of a batch, whose entries' blocks fill the SMs
-// together: not at all.
+// How the blocks of a product, or of all a batch's entries together, split K (split_k): where
+// they are fewer than the SMs. A batch of a few entries of few columns (p @ v at decode, 8 x
+// [4096, 128] in float32 takes 32 blocks) would otherwise leave most SMs idle: split there, rungs
+// 10 and 12 ran such batches 1.1-2.7 times as fast (decode.md).
 inline KSplit split_for(const Batch& batch, int64_t blocks, int64_t K, int step, int64_t min_k) {
-  return batch.entries > 1 ? KSplit{1, K} : split_k(blocks, K, step, min_k, kMaxSplits);
+  return split_k(blocks * batch.entries, K, step, min_k, kMaxSplits);
 }
 
 // The grid of `blocks` blocks along N, the product's splits of K, and a batch's entries.
@@ -221,13 +223,14 @@ void in_grid_sized_parts(const at::Tensor& a, const at::Tensor& b, at::Tensor& o
 template <typename T>
 class SplitProduct {
  public:
-  // x, w and out are entry 0's of `batch`, whose entries do not split K.
+  // x, w and out are entry 0's of `batch`.
   SplitProduct(const Rows& x, const Rows& w, at::Tensor& out, const KSplit& split,
                const Batch& batch = {})
-      : splits_(split.splits) {
-    TORCH_INTERNAL_ASSERT(batch.entries == 1 || splits_ == 1, "a batch's entries split K");
+      : splits_(split.splits), entries_(batch.entries), out_stride_(batch.out) {
     const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
-    if (splits_ > 1) partial_ = at::empty({splits_, M, N}, out.options().dtype(at::kFloat));
+    if (splits_ > 1) {
+      partial_ = at::empty({splits_, entries_, M, N}, out.options().dtype(at::kFloat));
+    }
     problem_ = Problem<T>{static_cast<const T*>(w.data.data_ptr()),
                           w.ld,
                           static_cast<const T*>(x.data.data_ptr()),
@@ -249,12 +252,15 @@ class SplitProduct {
   // The pass that adds the splits in order, where there are several (k_splits.cuh).
   void add_splits() const {
     if (splits_ == 1) return;
+    // One row of M * N sums per entry (each entry's out is contiguous), entries out_stride_ apart.
     const int64_t MN = static_cast<int64_t>(problem_.M) * problem_.N;
-    sum_splits<T>(problem_.partial, MN, splits_, problem_.out, problem_.M, problem_.N, problem_.N);
+    sum_splits<T>(problem_.partial, entries_ * MN, splits_, problem_.out, entries_, MN,
+                  out_stride_);
   }
 
  private:
   int splits_;
+  int64_t entries_, out_stride_;
   at::Tensor partial_;
   Problem<T> problem_{};
 };
@@ -271,12 +277,13 @@ __device__ __forceinline__ Problem<T> entry_of_batch(Problem<T> p) {
 }
 
 // Stores output (m, n)'s sum over this block's k range: into out, or, where blocks split K, into
-// this block's split of the partial sums.
+// this block's split (blockIdx.y) of its entry's (blockIdx.z) partial sums.
 template <typename T>
 __device__ __forceinline__ void store_sum(const Problem<T>& p, int m, int n, float sum) {
   const int64_t at = static_cast<int64_t>(m) * p.N + n;
   if (p.partial != nullptr) {
-    p.partial[blockIdx.y * static_cast<int64_t>(p.M) * p.N + at] = sum;
+    const int64_t slice = blockIdx.y * gridDim.z + blockIdx.z;
+    p.partial[slice * p.M * p.N + at] = sum;
   } else {
     p.out[at] = static_cast<T>(sum);
   }
