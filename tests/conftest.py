@@ -54,7 +54,8 @@ def sm_count() -> int:
 def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
     """Where skinny_gemv runs a K-contiguous product of m tokens over `rows` weight rows (N, times
     a batch's entries) in its short-K kernel: rows of at most 32 16-byte vectors, m <= 4 (or 8 on
-    rows of at most 64 elements), and at least 48 rows per SM. `auto` then takes skinny_gemv."""
+    rows of at most 64 elements), and at least 48 rows per SM. `auto` then takes skinny_gemv for
+    float32 (16-bit rows go to skinny's short-rows kernel)."""
     tokens_fit = m <= 4 or (m <= 8 and k <= 64)
     return -(-k // (16 // dtype.itemsize)) <= 32 and tokens_fit and rows >= 48 * sm_count()
 

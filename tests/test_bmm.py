@@ -114,7 +114,8 @@ needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.alg
 
 
 # The kernels of the skinny rungs' batched launches (rungs 10 and 12).
-SKINNY_KERNELS = ("skinny_kernel", "k_major_kernel", "short_k_kernel", "n_major_kernel")
+SKINNY_KERNELS = ("skinny_kernel", "short_rows_kernel", "k_major_kernel", "short_k_kernel",
+                  "n_major_kernel")
 
 
 @pytest.mark.cuda
@@ -124,7 +125,8 @@ def test_decode_batches_run_in_one_launch(dtype):
     """Batches of a few tokens against each entry's own matrix, as attention's products are at
     decode (q @ k^T with k read K-contiguous, p @ v with v row-major), run in one launch of a
     skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry, and
-    on q @ k^T where its short-K kernel takes the batch's rows, else rung 10's), at every count of
+    on float32 q @ k^T where its short-K kernel takes the batch's rows, else rung 10's, whose
+    short-rows kernel takes 16-bit q @ k^T up to 8 tokens), at every count of
     token tiles, and so inside a CUDA graph."""
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
@@ -136,11 +138,14 @@ def test_decode_batches_run_in_one_launch(dtype):
         for a, b in [(queries, keys.transpose(1, 2)), (scores, values)]:
             names = product_kernels(lambda: mmv.matmul(a, b))
             choice, one_entry = mmv.auto_choice(a, b), mmv.auto_choice(a[0], b[0])
-            short_rows = b is not values and gemv_short_k(m, entries * rows, head, dtype)
+            short_rows = (b is not values and dtype == torch.float32
+                          and gemv_short_k(m, entries * rows, head, dtype))
             gemv = one_entry == "skinny_gemv" or short_rows
             expected = "skinny_gemv" if gemv else "skinny"
             assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
             assert len(names) == 1 and any(k in names[0] for k in SKINNY_KERNELS), (m, names)
+            if b is not values and dtype != torch.float32 and m <= 8:
+                assert "short_rows_kernel" in names[0], (m, names)
             check_bmm(a, b, "auto")
     a, b = queries, keys.transpose(1, 2)
     graph, out = capture_graph(lambda: mmv.matmul(a, b))

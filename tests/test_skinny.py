@@ -157,13 +157,13 @@ def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = Fal
     nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
     have up to 4096 columns; on row-major weights it does not read (which the rungs below copy or
     load element by element), up to 8. 16 bits: nn.Linear weights of 4 to 16 rows per SM and
-    K >= 1024, at 1-2 tokens. Both: nn.Linear weights its short-K kernel takes (gemv_short_k).
-    Other products stay on the rungs below."""
-    if not row_major and gemv_short_k(m, n, k, dtype):
-        return True
+    K >= 1024, at 1-2 tokens; float32 also on nn.Linear weights its short-K kernel takes
+    (gemv_short_k). Other products stay on the rungs below."""
     if dtype != torch.float32:
         sms = sm_count()
         return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
+    if not row_major and gemv_short_k(m, n, k, dtype):
+        return True
     if m > 8:
         return False
     if m <= 2 or (row_major and not tma_reads_it):
@@ -297,6 +297,35 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
             expected = "skinny_gemv"
         assert mmv.auto_choice(x, w) == expected, n
         assert_matches_reference(x, w, "auto")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_short_rows_on_tensor_cores(dtype):
+    """16-bit K-contiguous rows of at most 256 elements at 1-8 tokens, 16-byte aligned: skinny
+    runs short_rows_kernel (a warp owns whole rows: 1, 2, 4 or 8 chunks of 32 k), on K just off
+    each chunk count and off 256, N just off a group's 16 rows and a block's, products and
+    batches, against float64. Rows one element in, K = 257 and 9 tokens take skinny_kernel."""
+    torch.manual_seed(0)
+    for m in (1, 3, 8, 9):
+        for k in (1, 7, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257):
+            pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
+            for n, entries in ((1, 1), (17, 1), (1000, 1), (65, 3)):
+                for offset in (0, 1):
+                    w = torch.randn(entries, n, pitch, device="cuda").to(dtype)
+                    w = w[..., offset:offset + k]
+                    x = torch.randn(entries, m, k, device="cuda").to(dtype)
+                    b = w.mT if entries > 1 else w[0].t()
+                    a = x if entries > 1 else x[0]
+                    names = product_kernels(lambda: mmv.matmul(a, b, "skinny"))
+                    short = m <= 8 and k <= 256 and offset == 0
+                    batched = str(entries > 1).lower()
+                    kernel = (rf"short_rows_kernel<.*, {batched}>\(" if short else
+                              rf"skinny_kernel<.*, {batched}>\(")
+                    assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, names)
+                    if entries > 1:
+                        check_bmm(a, b, "skinny")
+                    else:
+                        assert_matches_reference(a, b, "skinny")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)

@@ -24,6 +24,9 @@
 //   float32's tolerance at every K tested, and still far below the memory time.
 // - A step's MMAs are ordered so that independent accumulator chains take turns; on sm_90a,
 //   16-bit launches from 9 tokens start while the kernel before them finishes.
+// - 16-bit K-contiguous rows of at most 256 elements at 1-8 tokens (attention's keys at decode)
+//   run in short_rows_kernel instead: a warp owns whole rows and every k of them, so there is no
+//   K split across warps and nothing meets in shared memory.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a 16-bit weight stored row-major
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
@@ -429,6 +432,106 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
   }
 }
 
+// 16-bit K-contiguous rows of at most 256 elements (q @ k^T at a head size of 64-256) at 1-8
+// tokens. skinny_kernel's block owns 16 rows and its warps split K in steps of up to 8 chunks, so
+// on such rows one or two warps of 8 hold any k, the block still meets in shared memory, and a
+// key cache is thousands of such blocks. Here a warp owns whole rows: kShortGroups groups of 16,
+// every chunk of their K loaded at once (8 or 16 weight vectors a lane), its one token tile's x
+// fragments loaded once; each group's two k slices sum in separate chains, which meet in a fixed
+// order and go from the accumulators straight to out: no shared memory, no K split. Blocks are
+// small (kShortWarps warps), so that a single product of a few thousand rows still spreads over
+// every SM. On an H200 (CUDA graphs, weights rotated past L2; 48 products and batches of 64-256
+// k, 1-8 tokens, bf16 and fp16) it ran at 1.00-1.48x of torch.mm / torch.bmm, where skinny_kernel
+// ran at 0.21-1.38x and rung 12's short_k_kernel at 0.15-1.25x: never slower than either
+// (within 1%), and up to 5.6 and 7.4 times as fast.
+constexpr int kShortWarps = 4;
+constexpr int kShortMaxChunks = 8;  // 256 16-bit k
+template <int CHUNKS>
+constexpr int kShortGroups = CHUNKS >= 4 ? 1 : 4 / CHUNKS;
+
+template <typename T, int CHUNKS, bool BATCHED>
+__global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Problem<T> p) {
+  static_assert(sizeof(T) == 2, "16-bit MMAs take a chunk's vector in two k slices");
+  if constexpr (BATCHED) p = skinny::entry_of_batch(p);
+  using E = Bits<T>;
+  constexpr int kVec = 8, kChunk = 4 * kVec, kGroups = kShortGroups<CHUNKS>;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kShortWarps + warp) * kGroups * kRows;
+  // As in skinny_kernel: rows past N and tokens past M read the last one, for outputs never
+  // stored; k past K reads as zeros (load_row).
+  const E* x_row = reinterpret_cast<const E*>(p.x) + min(g, p.M - 1) * p.ldx + t * kVec;
+  uint4 xv[CHUNKS], wv[kGroups][2][CHUNKS];
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+    xv[c] = load_row<true, false>(x_row + c * kChunk, p.K - (c * kChunk + t * kVec));
+  }
+#pragma unroll
+  for (int r = 0; r < kGroups; ++r) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t n = std::min<int64_t>(n0 + r * kRows + g + 8 * h, p.N - 1);
+      const E* w_row = reinterpret_cast<const E*>(p.w) + n * p.ldw + t * kVec;
+#pragma unroll
+      for (int c = 0; c < CHUNKS; ++c) {
+        wv[r][h][c] = load_row<true, true>(w_row + c * kChunk, p.K - (c * kChunk + t * kVec));
+      }
+    }
+  }
+  float acc[kGroups][2][4] = {};  // [group][k slice]
+#pragma unroll
+  for (int c = 0; c < CHUNKS; ++c) {
+#pragma unroll
+    for (int s = 0; s < 2; ++s) {
+      const uint32_t b[2] = {word(xv[c], 2 * s), word(xv[c], 2 * s + 1)};
+#pragma unroll
+      for (int r = 0; r < kGroups; ++r) {  // independent chains take turns
+        const uint32_t a[4] = {word(wv[r][0][c], 2 * s), word(wv[r][1][c], 2 * s),
+                               word(wv[r][0][c], 2 * s + 1), word(wv[r][1][c], 2 * s + 1)};
+        SkinnyMma<T>::run(acc[r][s], a, b);
+      }
+    }
+  }
+  // Accumulator q of a group: row g + 8 (q / 2), token 2 t + q % 2.
+#pragma unroll
+  for (int r = 0; r < kGroups; ++r) {
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int m = 2 * t + q % 2;
+      const int64_t n = n0 + r * kRows + g + 8 * (q / 2);
+      if (m >= p.M || n >= p.N) continue;
+      skinny::store_sum(p, m, static_cast<int>(n), acc[r][0][q] + acc[r][1][q]);
+    }
+  }
+}
+
+// Whether short_rows_kernel takes x [M, K] against w: 16 bits, 1-8 tokens, K of at most 256, and
+// the weight rows (every entry's) 16-byte aligned.
+template <typename T>
+bool short_rows_take(const at::Tensor& x, const at::Tensor& w, int64_t ldw,
+                     const skinny::Batch& batch) {
+  return sizeof(T) == 2 && x.size(0) <= 8 && x.size(1) <= kShortMaxChunks * 32 &&
+         skinny::rows_aligned<T>(w.data_ptr(), ldw, batch);
+}
+
+template <typename T>
+void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
+                       at::Tensor& out, const skinny::Batch& batch) {
+  const int64_t K = x.size(1);
+  const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out, KSplit{1, K}, batch);
+  skinny::dispatch_power_of_two(ceil_div(K, int64_t{32}), [&](auto chunks_c) {
+    constexpr int kChunks = decltype(chunks_c)::value;
+    const int64_t rows_per_block = int64_t{kShortWarps} * kShortGroups<kChunks> * kRows;
+    const KernelLaunch launch(skinny::grid_of(ceil_div(out.size(1), rows_per_block), 1, batch),
+                              32 * kShortWarps, 0);
+    dispatch_bools(
+        [&](auto batched_c) {
+          launch.run(short_rows_kernel<T, kChunks, decltype(batched_c)::value>, product.problem());
+        },
+        batch.entries > 1);
+  });
+}
+
 // Launches the kernel for TILES token tiles on prepared operands (see skinny_typed), splitting
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
 // A batch's entries (x, w and out then entry 0's) are the grid's third dimension; K is split
@@ -485,6 +588,11 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
 template <typename T, bool N_MAJOR>
 void launch_for_tokens(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                        at::Tensor& out, const skinny::Batch& batch = {}) {
+  if constexpr (sizeof(T) == 2 && !N_MAJOR) {
+    if (short_rows_take<T>(x, w, ldw, batch)) {
+      return launch_short_rows<T>(x, ldx, w, ldw, out, batch);
+    }
+  }
   const auto launch = [&](auto tiles_c) {
     constexpr int kTiles = decltype(tiles_c)::value;
     // A row-major weight whose rows take 16-byte loads: blocks of 32 columns (see skinny_kernel).

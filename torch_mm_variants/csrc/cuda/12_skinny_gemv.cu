@@ -353,22 +353,17 @@ inline int k_warps_for(int64_t K, int warp_step, int64_t N, const skinny::Batch&
   return k_warps;
 }
 
-// f(std::integral_constant<int, P>), P the least of 1, 2, 4 and 8 that is at least n: the
-// kernels' token counts (kMaxTokens) and warps to a row group (kWarps).
+// skinny::dispatch_power_of_two takes the kernels' token counts (kMaxTokens) and warps to a row
+// group (kWarps).
 static_assert(kMaxTokens == 8 && kWarps == 8);
-template <typename F>
-void dispatch_power_of_two(int64_t n, F&& f) {
-  if (n <= 1) return f(std::integral_constant<int, 1>{});
-  if (n <= 2) return f(std::integral_constant<int, 2>{});
-  if (n <= 4) return f(std::integral_constant<int, 4>{});
-  f(std::integral_constant<int, 8>{});
-}
+using skinny::dispatch_power_of_two;
 
 // Where short_k_kernel takes a K-contiguous product of M tokens over `rows` weight rows (N, times
 // a batch's entries): rows of at most 32 16-byte vectors, M <= 4 (or 8 on rows of at most 64
 // elements), and 48 rows per SM or more. In
 // CUDA graphs, weights rotated past L2 (H200), against the kernel `auto` ran before (rung 10 for
-// 16 bits, k_major_kernel for float32), as fractions of torch.bmm / torch.mm's speed:
+// 16 bits, k_major_kernel for float32), as fractions of torch.bmm / torch.mm's speed (16-bit
+// products have since gone to rung 10's short_rows_kernel under `auto`, see lower_rung_is_faster):
 // - q @ k^T batches, bf16, at 1 / 4 tokens: 32 x [1024, 128] 1.07x / 0.79x (rung 10 0.54x /
 //   0.54x), 32 x [4096, 128] 1.03x / 0.74x (0.45x / 0.44x), 128 x [4096, 128] 1.01x / 0.66x
 //   (0.34x / 0.35x), 32 x [4096, 64] 1.19x / 0.92x (0.26x / 0.27x), 8 x [1024, 256] 1.19x / 0.93x
@@ -544,8 +539,9 @@ void skinny_gemv(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 }
 
 // A whole bmm batch in one launch (run_batched), its entries the grid's third dimension, K split
-// only where all their blocks together are fewer than SMs: a batch of a few tokens against each entry's own matrix (attention's products at decode)
-// costs one launch, not one per entry, and row-major float32 entries are read in place.
+// only where all their blocks together are fewer than SMs: a batch of a few tokens against each
+// entry's own matrix (attention's products at decode) costs one launch, not one per entry, and
+// row-major float32 entries are read in place.
 void skinny_gemv_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   MM_VARIANTS_DISPATCH_CUDA_DTYPES(a.scalar_type(), "mm_variants_cuda_skinny_gemv_batched", [&] {
     skinny::in_grid_sized_parts(a, b, out, "skinny_gemv", launch_batch<scalar_t>);
@@ -596,16 +592,16 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
 //   14336 x 4096 (L2 cleared before each call). This rung takes those up to 8 tokens.
 // - 16 bits: at one token this rung ran from 3% faster to 16% slower than rungs 10 and 11 on
 //   the Llama weights, and from 4 tokens slower everywhere: its K-contiguous kernel then holds
-//   166 registers or more, one block per SM. See narrow_16bit_weight for where it leads.
-// - Both: the products short_k_takes stay here, at any width or token count it allows (on
-//   `entries` products in one launch: a bmm batch, a and b one entry each).
+//   166 registers or more, one block per SM. See narrow_16bit_weight for where it leads. Rows
+//   that short_k_takes go to rung 10's short_rows_kernel, which was never slower than
+//   short_k_kernel and up to 7.4 times as fast (at 8 tokens; H200, 48 shapes, 10_skinny.cu).
+// - float32 products that short_k_takes stay here, at any token count it allows (on `entries`
+//   products in one launch: a bmm batch, a and b one entry each).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
-  const int64_t sms = device_info_for(a.device())->multiProcessorCount;
-  if (!skinny::row_major(b) && short_k_takes(b.size(0), 16 / a.element_size(), a.size(0),
-                                             b.size(1) * entries, sms)) {
-    return false;
-  }
   if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b);
+  const int64_t sms = device_info_for(a.device())->multiProcessorCount;
+  const int64_t vector = 16 / a.element_size(), rows = b.size(1) * entries;
+  if (!skinny::row_major(b) && short_k_takes(b.size(0), vector, a.size(0), rows, sms)) return false;
   const bool row_major = skinny::row_major(b);
   if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
   if (a.size(0) <= 2) return false;

@@ -11,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <utility>
 
 namespace mm_variants::cuda::skinny {
@@ -150,6 +151,16 @@ constexpr int kMaxSplits = 16;  // of a product's K
 // 10 and 12 ran such batches 1.1-2.7 times as fast (decode.md).
 inline KSplit split_for(const Batch& batch, int64_t blocks, int64_t K, int step, int64_t min_k) {
   return split_k(blocks * batch.entries, K, step, min_k, kMaxSplits);
+}
+
+// f(std::integral_constant<int, P>), P the least of 1, 2, 4 and 8 that is at least n (and 8 past
+// it): a kernel's count of tokens, warps or chunks as a template argument.
+template <typename F>
+void dispatch_power_of_two(int64_t n, F&& f) {
+  if (n <= 1) return f(std::integral_constant<int, 1>{});
+  if (n <= 2) return f(std::integral_constant<int, 2>{});
+  if (n <= 4) return f(std::integral_constant<int, 4>{});
+  f(std::integral_constant<int, 8>{});
 }
 
 // The grid of `blocks` blocks along N, the product's splits of K, and a batch's entries.
