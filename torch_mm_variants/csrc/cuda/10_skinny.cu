@@ -440,10 +440,10 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 // fragments loaded once; each group's two k slices sum in separate chains, which meet in a fixed
 // order and go from the accumulators straight to out: no shared memory, no K split. Blocks are
 // small (kShortWarps warps), so that a single product of a few thousand rows still spreads over
-// every SM. On an H200 (CUDA graphs, weights rotated past L2; 48 products and batches of 64-256
-// k, 1-8 tokens, bf16 and fp16) it ran at 1.00-1.48x of torch.mm / torch.bmm, where skinny_kernel
-// ran at 0.21-1.38x and rung 12's short_k_kernel at 0.15-1.25x: never slower than either
-// (within 1%), and up to 5.6 and 7.4 times as fast.
+// every SM. On an H200 (CUDA graphs, weights rotated past L2; 12 products and batches of 64-256
+// k at 1, 2, 4 and 8 tokens, bf16 and fp16: 96 cases) it ran at 1.00-1.48x of torch.mm /
+// torch.bmm, where skinny_kernel ran at 0.21-1.38x and rung 12's short_k_kernel at 0.15-1.25x:
+// never slower than either (within 1%), and up to 5.6 and 7.4 times as fast.
 constexpr int kShortWarps = 4;
 constexpr int kShortMaxChunks = 8;  // 256 16-bit k
 template <int CHUNKS>

@@ -594,7 +594,7 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
 //   the Llama weights, and from 4 tokens slower everywhere: its K-contiguous kernel then holds
 //   166 registers or more, one block per SM. See narrow_16bit_weight for where it leads. Rows
 //   that short_k_takes go to rung 10's short_rows_kernel, which was never slower than
-//   short_k_kernel and up to 7.4 times as fast (at 8 tokens; H200, 48 shapes, 10_skinny.cu).
+//   short_k_kernel and up to 7.4 times as fast (at 8 tokens; H200, 96 cases, 10_skinny.cu).
 // - float32 products that short_k_takes stay here, at any token count it allows (on `entries`
 //   products in one launch: a bmm batch, a and b one entry each).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
