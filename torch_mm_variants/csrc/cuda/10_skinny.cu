@@ -445,7 +445,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 // torch.bmm, where skinny_kernel ran at 0.21-1.38x and rung 12's short_k_kernel at 0.15-1.25x:
 // never slower than either (within 1%), and up to 5.6 and 7.4 times as fast.
 constexpr int kShortWarps = 4;
-constexpr int kShortMaxChunks = 8;  // 256 16-bit k
+constexpr int kShortChunk = 32;     // 16-bit k of a chunk: a 16-byte vector on each of 4 lanes
+constexpr int kShortMaxChunks = 8;  // 256 k
 template <int CHUNKS>
 constexpr int kShortGroups = CHUNKS >= 4 ? 1 : 4 / CHUNKS;
 
@@ -454,7 +455,7 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
   static_assert(sizeof(T) == 2, "16-bit MMAs take a chunk's vector in two k slices");
   if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   using E = Bits<T>;
-  constexpr int kVec = 8, kChunk = 4 * kVec, kGroups = kShortGroups<CHUNKS>;
+  constexpr int kVec = 8, kChunk = kShortChunk, kGroups = kShortGroups<CHUNKS>;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kShortWarps + warp) * kGroups * kRows;
@@ -510,7 +511,7 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
 template <typename T>
 bool short_rows_take(const at::Tensor& x, const at::Tensor& w, int64_t ldw,
                      const skinny::Batch& batch) {
-  return sizeof(T) == 2 && x.size(0) <= 8 && x.size(1) <= kShortMaxChunks * 32 &&
+  return sizeof(T) == 2 && x.size(0) <= 8 && x.size(1) <= kShortMaxChunks * kShortChunk &&
          skinny::rows_aligned<T>(w.data_ptr(), ldw, batch);
 }
 
@@ -519,7 +520,7 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
                        at::Tensor& out, const skinny::Batch& batch) {
   const int64_t K = x.size(1);
   const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out, KSplit{1, K}, batch);
-  skinny::dispatch_power_of_two(ceil_div(K, int64_t{32}), [&](auto chunks_c) {
+  skinny::dispatch_power_of_two(ceil_div(K, int64_t{kShortChunk}), [&](auto chunks_c) {
     constexpr int kChunks = decltype(chunks_c)::value;
     const int64_t rows_per_block = int64_t{kShortWarps} * kShortGroups<kChunks> * kRows;
     const KernelLaunch launch(skinny::grid_of(ceil_div(out.size(1), rows_per_block), 1, batch),
