@@ -11,7 +11,7 @@ import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
                       assert_gradients_match, assert_result, capture_graph, check_bmm, devices,
                       gemv_short_k, gpu_available, product_kernels, random_matrix,
-                      relative_error, run_accepted, split_kernels)
+                      relative_error, run_accepted, skinny_short_rows, split_kernels)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -126,7 +126,7 @@ def test_decode_batches_run_in_one_launch(dtype):
     decode (q @ k^T with k read K-contiguous, p @ v with v row-major), run in one launch of a
     skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry, and
     on float32 q @ k^T where its short-K kernel takes the batch's rows, else rung 10's, whose
-    short-rows kernel takes 16-bit q @ k^T up to 8 tokens), at every count of
+    short-rows kernel takes 16-bit q @ k^T where skinny_short_rows says so), at every count of
     token tiles, and so inside a CUDA graph."""
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
@@ -144,8 +144,9 @@ def test_decode_batches_run_in_one_launch(dtype):
             expected = "skinny_gemv" if gemv else "skinny"
             assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
             assert len(names) == 1 and any(k in names[0] for k in SKINNY_KERNELS), (m, names)
-            if b is not values and dtype != torch.float32 and m <= 8:
-                assert "short_rows_kernel" in names[0], (m, names)
+            if b is not values and dtype != torch.float32:
+                short = skinny_short_rows(m, entries * rows, head)
+                assert ("short_rows_kernel" in names[0]) == short, (m, names)
             check_bmm(a, b, "auto")
     a, b = queries, keys.transpose(1, 2)
     graph, out = capture_graph(lambda: mmv.matmul(a, b))

@@ -15,7 +15,8 @@ import torch
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, check_bmm, gemv_short_k,
                       gpu_available, gpu_capability, kernel_sass, launched_kernels,
-                      product_kernels, random_matrix, sm90a_available, sm_count, tf32_allowed)
+                      product_kernels, random_matrix, skinny_short_rows, sm90a_available,
+                      sm_count, tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -301,31 +302,35 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_short_rows_on_tensor_cores(dtype):
-    """16-bit K-contiguous rows of at most 256 elements at 1-8 tokens, 16-byte aligned: skinny
-    runs short_rows_kernel (a warp owns whole rows: 1, 2, 4 or 8 chunks of 32 k), on K just off
-    each chunk count and off 256, N just off a group's 16 rows and a block's, products and
-    batches, against float64. Rows one element in, K = 257 and 9 tokens take skinny_kernel."""
+    """16-bit K-contiguous rows of at most 256 elements, 16-byte aligned: skinny runs
+    short_rows_kernel (a warp owns whole rows: 1, 2, 4 or 8 chunks of 32 k, 1-8 token tiles)
+    where skinny_short_rows says so, else skinny_kernel; on K just off each chunk count and off
+    256, N just off a group's 16 rows and off 48 rows per SM (9-64 tokens), tokens off each tile
+    count, products and batches, rows aligned and one element in, against float64."""
     torch.manual_seed(0)
-    for m in (1, 3, 8, 9):
-        for k in (1, 7, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257):
-            pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
-            for n, entries in ((1, 1), (17, 1), (1000, 1), (65, 3)):
-                for offset in (0, 1):
-                    w = torch.randn(entries, n, pitch, device="cuda").to(dtype)
-                    w = w[..., offset:offset + k]
-                    x = torch.randn(entries, m, k, device="cuda").to(dtype)
-                    b = w.mT if entries > 1 else w[0].t()
-                    a = x if entries > 1 else x[0]
-                    names = product_kernels(lambda: mmv.matmul(a, b, "skinny"))
-                    short = m <= 8 and k <= 256 and offset == 0
-                    batched = str(entries > 1).lower()
-                    kernel = (rf"short_rows_kernel<.*, {batched}>\(" if short else
-                              rf"skinny_kernel<.*, {batched}>\(")
-                    assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, names)
-                    if entries > 1:
-                        check_bmm(a, b, "skinny")
-                    else:
-                        assert_matches_reference(a, b, "skinny")
+    rows = 48 * sm_count()
+    cases = [(m, k, n, entries) for m in (1, 3, 8, 9)
+             for k in (1, 7, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257)
+             for n, entries in ((1, 1), (17, 1), (1000, 1), (65, 3))]
+    cases += [(m, k, n, entries) for m in (9, 16, 17, 32, 33, 64) for k in (32, 33, 64, 65, 128)
+              for n, entries in ((rows, 1), (rows - 1, 1), (-(-rows // 3), 3))]
+    for m, k, n, entries in cases:
+        pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
+        for offset in (0, 1):
+            w = torch.randn(entries, n, pitch, device="cuda").to(dtype)[..., offset:offset + k]
+            x = torch.randn(entries, m, k, device="cuda").to(dtype)
+            b = w.mT if entries > 1 else w[0].t()
+            a = x if entries > 1 else x[0]
+            names = product_kernels(lambda: mmv.matmul(a, b, "skinny"))
+            short = offset == 0 and skinny_short_rows(m, n * entries, k)
+            batched = str(entries > 1).lower()
+            kernel = (rf"short_rows_kernel<.*, {batched}>\(" if short else
+                      rf"skinny_kernel<.*, {batched}>\(")
+            assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, entries, names)
+            if entries > 1:
+                check_bmm(a, b, "skinny")
+            else:
+                assert_matches_reference(a, b, "skinny")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -556,7 +561,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
-    rows). Above them skinny_gemv, where gemv_takes says so."""
+    rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
+    (skinny_short_rows). Above them skinny_gemv, where gemv_takes says so."""
     names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
     if "skinny_gemv" in names and gemv_takes(m, n, k, dtype):
         return "skinny_gemv"
@@ -570,6 +576,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         return "skinny"
     if dtype == torch.float32:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
+    if m > 8 and skinny_short_rows(m, n, k):
+        return "skinny"
     sms = sm_count()
     small_weight = n * k * dtype.itemsize < 64 * 2**20
     if small_weight and (m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
@@ -590,7 +598,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (2, 500, 4096), (1, 3072, 4096), (1, 4096, 128),
                                      (1, 16384, 128), (4, 14336, 200), (8, 16384, 128),
                                      (3, 8192, 256), (1, 8192, 264), (8, 16384, 64),
-                                     (6, 16384, 64), (8, 16384, 65)])
+                                     (6, 16384, 64), (8, 16384, 65), (16, 16384, 128),
+                                     (17, 16384, 128), (32, 14336, 64), (64, 16384, 32),
+                                     (16, 4096, 128)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

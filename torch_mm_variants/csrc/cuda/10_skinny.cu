@@ -24,9 +24,10 @@
 //   float32's tolerance at every K tested, and still far below the memory time.
 // - A step's MMAs are ordered so that independent accumulator chains take turns; on sm_90a,
 //   16-bit launches from 9 tokens start while the kernel before them finishes.
-// - 16-bit K-contiguous rows of at most 256 elements at 1-8 tokens (attention's keys at decode)
-//   run in short_rows_kernel instead: a warp owns whole rows and every k of them, so there is no
-//   K split across warps and nothing meets in shared memory.
+// - 16-bit K-contiguous rows of at most 256 elements at 1-8 tokens, and of fewer at up to 64
+//   (attention's keys at decode; skinny::short_rows_fit), run in short_rows_kernel instead: a
+//   warp owns whole rows and every k of them, so there is no K split across warps and nothing
+//   meets in shared memory.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a 16-bit weight stored row-major
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
@@ -436,36 +437,46 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 // tokens. skinny_kernel's block owns 16 rows and its warps split K in steps of up to 8 chunks, so
 // on such rows one or two warps of 8 hold any k, the block still meets in shared memory, and a
 // key cache is thousands of such blocks. Here a warp owns whole rows: kShortGroups groups of 16,
-// every chunk of their K loaded at once (8 or 16 weight vectors a lane), its one token tile's x
-// fragments loaded once; each group's two k slices sum in separate chains, which meet in a fixed
-// order and go from the accumulators straight to out: no shared memory, no K split. Blocks are
+// every chunk of their K loaded at once (8 or 16 weight vectors a lane), its token tiles' x
+// fragments loaded once; at one tile each group's two k slices sum in separate chains, which
+// meet in a fixed order, and the sums go from the accumulators straight to out: no shared
+// memory, no K split. Blocks are
 // small (kShortWarps warps), so that a single product of a few thousand rows still spreads over
 // every SM. On an H200 (CUDA graphs, weights rotated past L2; 12 products and batches of 64-256
 // k at 1, 2, 4 and 8 tokens, bf16 and fp16: 96 cases) it ran at 1.00-1.48x of torch.mm /
 // torch.bmm, where skinny_kernel ran at 0.21-1.38x and rung 12's short_k_kernel at 0.15-1.25x:
 // never slower than either (within 1%), and up to 5.6 and 7.4 times as fast.
 constexpr int kShortWarps = 4;
-constexpr int kShortChunk = 32;     // 16-bit k of a chunk: a 16-byte vector on each of 4 lanes
-constexpr int kShortMaxChunks = 8;  // 256 k
-template <int CHUNKS>
-constexpr int kShortGroups = CHUNKS >= 4 ? 1 : 4 / CHUNKS;
+using skinny::kShortChunk;
+using skinny::kShortMaxChunks;
+// TILES token tiles of 8 (skinny::short_rows_fit keeps CHUNKS * TILES <= 8): a tile's x
+// fragments of every chunk stay in registers, so tiles count as chunks towards the groups of 16
+// rows a warp owns.
+template <int CHUNKS, int TILES = 1>
+constexpr int kShortGroups = CHUNKS * TILES >= 4 ? 1 : 4 / (CHUNKS * TILES);
 
-template <typename T, int CHUNKS, bool BATCHED>
+template <typename T, int CHUNKS, int TILES, bool BATCHED>
 __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Problem<T> p) {
   static_assert(sizeof(T) == 2, "16-bit MMAs take a chunk's vector in two k slices");
+  static_assert(CHUNKS * TILES <= kShortMaxChunks, "x fragments of at most 8 vectors a lane");
   if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   using E = Bits<T>;
-  constexpr int kVec = 8, kChunk = kShortChunk, kGroups = kShortGroups<CHUNKS>;
+  constexpr int kVec = 8, kChunk = kShortChunk, kGroups = kShortGroups<CHUNKS, TILES>;
+  // One token tile: each group's two k slices in separate chains; more tiles are chains enough.
+  constexpr int kSlices = TILES == 1 ? 2 : 1;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kShortWarps + warp) * kGroups * kRows;
   // As in skinny_kernel: rows past N and tokens past M read the last one, for outputs never
   // stored; k past K reads as zeros (load_row).
-  const E* x_row = reinterpret_cast<const E*>(p.x) + min(g, p.M - 1) * p.ldx + t * kVec;
-  uint4 xv[CHUNKS], wv[kGroups][2][CHUNKS];
+  uint4 xv[CHUNKS][TILES], wv[kGroups][2][CHUNKS];
 #pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
-    xv[c] = load_row<true, false>(x_row + c * kChunk, p.K - (c * kChunk + t * kVec));
+  for (int j = 0; j < TILES; ++j) {
+    const E* x_row = reinterpret_cast<const E*>(p.x) + min(8 * j + g, p.M - 1) * p.ldx + t * kVec;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      xv[c][j] = load_row<true, false>(x_row + c * kChunk, p.K - (c * kChunk + t * kVec));
+    }
   }
 #pragma unroll
   for (int r = 0; r < kGroups; ++r) {
@@ -479,39 +490,49 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
       }
     }
   }
-  float acc[kGroups][2][4] = {};  // [group][k slice]
+  float acc[kGroups][TILES][kSlices][4] = {};
 #pragma unroll
   for (int c = 0; c < CHUNKS; ++c) {
 #pragma unroll
     for (int s = 0; s < 2; ++s) {
-      const uint32_t b[2] = {word(xv[c], 2 * s), word(xv[c], 2 * s + 1)};
 #pragma unroll
-      for (int r = 0; r < kGroups; ++r) {  // independent chains take turns
+      for (int r = 0; r < kGroups; ++r) {
         const uint32_t a[4] = {word(wv[r][0][c], 2 * s), word(wv[r][1][c], 2 * s),
                                word(wv[r][0][c], 2 * s + 1), word(wv[r][1][c], 2 * s + 1)};
-        SkinnyMma<T>::run(acc[r][s], a, b);
+#pragma unroll
+        for (int j = 0; j < TILES; ++j) {  // independent chains take turns
+          const uint32_t b[2] = {word(xv[c][j], 2 * s), word(xv[c][j], 2 * s + 1)};
+          SkinnyMma<T>::run(acc[r][j][s % kSlices], a, b);
+        }
       }
     }
   }
-  // Accumulator q of a group: row g + 8 (q / 2), token 2 t + q % 2.
+  // Accumulator q of a group and tile j: row g + 8 (q / 2), token 8 j + 2 t + q % 2.
 #pragma unroll
   for (int r = 0; r < kGroups; ++r) {
 #pragma unroll
-    for (int q = 0; q < 4; ++q) {
-      const int m = 2 * t + q % 2;
-      const int64_t n = n0 + r * kRows + g + 8 * (q / 2);
-      if (m >= p.M || n >= p.N) continue;
-      skinny::store_sum(p, m, static_cast<int>(n), acc[r][0][q] + acc[r][1][q]);
+    for (int j = 0; j < TILES; ++j) {
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const int m = 8 * j + 2 * t + q % 2;
+        const int64_t n = n0 + r * kRows + g + 8 * (q / 2);
+        if (m >= p.M || n >= p.N) continue;
+        float sum = acc[r][j][0][q];
+        if constexpr (kSlices == 2) sum += acc[r][j][1][q];
+        skinny::store_sum(p, m, static_cast<int>(n), sum);
+      }
     }
   }
 }
 
-// Whether short_rows_kernel takes x [M, K] against w: 16 bits, 1-8 tokens, K of at most 256, and
-// the weight rows (every entry's) 16-byte aligned.
+// Whether short_rows_kernel takes x [M, K] against w (skinny::short_rows_fit), the weight rows
+// (every entry's) 16-byte aligned.
 template <typename T>
 bool short_rows_take(const at::Tensor& x, const at::Tensor& w, int64_t ldw,
                      const skinny::Batch& batch) {
-  return sizeof(T) == 2 && x.size(0) <= 8 && x.size(1) <= kShortMaxChunks * kShortChunk &&
+  const int sms = device_info_for(x.device())->multiProcessorCount;
+  return sizeof(T) == 2 &&
+         skinny::short_rows_fit(x.size(0), x.size(1), w.size(0) * batch.entries, sms) &&
          skinny::rows_aligned<T>(w.data_ptr(), ldw, batch);
 }
 
@@ -521,15 +542,23 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
   const int64_t K = x.size(1);
   const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out, KSplit{1, K}, batch);
   skinny::dispatch_power_of_two(ceil_div(K, int64_t{kShortChunk}), [&](auto chunks_c) {
-    constexpr int kChunks = decltype(chunks_c)::value;
-    const int64_t rows_per_block = int64_t{kShortWarps} * kShortGroups<kChunks> * kRows;
-    const KernelLaunch launch(skinny::grid_of(ceil_div(out.size(1), rows_per_block), 1, batch),
-                              32 * kShortWarps, 0);
-    dispatch_bools(
-        [&](auto batched_c) {
-          launch.run(short_rows_kernel<T, kChunks, decltype(batched_c)::value>, product.problem());
-        },
-        batch.entries > 1);
+    skinny::dispatch_power_of_two(ceil_div(x.size(0), int64_t{8}), [&](auto tiles_c) {
+      constexpr int kChunks = decltype(chunks_c)::value, kTiles = decltype(tiles_c)::value;
+      if constexpr (kChunks * kTiles <= kShortMaxChunks) {
+        const int64_t rows_per_block =
+            int64_t{kShortWarps} * kShortGroups<kChunks, kTiles> * kRows;
+        const KernelLaunch launch(
+            skinny::grid_of(ceil_div(out.size(1), rows_per_block), 1, batch), 32 * kShortWarps, 0);
+        dispatch_bools(
+            [&](auto batched_c) {
+              launch.run(short_rows_kernel<T, kChunks, kTiles, decltype(batched_c)::value>,
+                         product.problem());
+            },
+            batch.entries > 1);
+      } else {
+        TORCH_INTERNAL_ASSERT(false, "short_rows_take keeps chunks x tiles within 8");
+      }
+    });
   });
 }
 

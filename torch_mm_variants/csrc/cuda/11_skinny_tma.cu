@@ -650,8 +650,10 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   if (skinny::tma_reads_n_major(a, b)) return false;
   if (small_weight(a, N, K)) return true;
   if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
-  if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   const int sms = device_info_for(a.device())->multiProcessorCount;
+  // Short K-contiguous rows at 9-64 tokens: rung 10's short_rows_kernel (skinny.cuh).
+  if (M > 8 && !skinny::row_major(b) && skinny::short_rows_fit(M, K, N, sms)) return true;
+  if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
 }
 

@@ -77,6 +77,35 @@ inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
                                        : n_major_in_place<c10::Half>(b);
 }
 
+// Rung 10's short_rows_kernel: 16-bit K-contiguous rows of at most kShortMaxChunks chunks of
+// kShortChunk k (a 16-byte vector on each of 4 lanes), its tokens in tiles of 8.
+constexpr int kShortChunk = 32;
+constexpr int kShortMaxChunks = 8;  // 256 k
+
+// The least power of two at least n.
+inline int64_t power_of_two_above(int64_t n) {
+  int64_t p = 1;
+  while (p < n) p *= 2;
+  return p;
+}
+
+// Whether short_rows_kernel takes M tokens of K-contiguous 16-bit rows of K elements over `rows`
+// weight rows (N, times a batch's entries), rows 16-byte aligned: K of at most 256, and 1-8
+// tokens, or up to 64 where chunks x token tiles (each rounded up to a power of two) are at most
+// 8, so that the x fragments of every chunk and tile fit in registers, and the launch has 48 rows
+// per SM or more. Back to back in CUDA graphs (weights rotated past L2, H200, bf16 and fp16;
+// decode.md "Short rows in token tiles"): at 9-64 tokens batches of 8-128 entries of 4096-8192
+// keys of 64-128 elements ran at 0.71-1.03x of torch.bmm, where skinny_kernel ran 0.16-0.25x;
+// 14336-16384 rows of 32-128 elements at 0.91-1.28x of torch.mm, where rung 11 ran 0.59-1.18x.
+// 4096 rows at 16 tokens, 64 blocks of 4 warps, lost to skinny_kernel (2.46 against 2.22 us).
+inline bool short_rows_fit(int64_t M, int64_t K, int64_t rows, int64_t sms) {
+  if (K > kShortMaxChunks * kShortChunk) return false;
+  if (M <= 8) return true;
+  const int64_t chunks = power_of_two_above((K + kShortChunk - 1) / kShortChunk);
+  const int64_t tiles = power_of_two_above((M + 7) / 8);
+  return M <= kMaxM && chunks * tiles <= kShortMaxChunks && rows >= 48 * sms;
+}
+
 // Whether b [K, N] is a weight stored row-major that rung 8 multiplies faster than rung 10 (on
 // sm_90a rung 11 first takes those TMA can address). Back to back in a CUDA graph (weights rotated
 // past L2, H100, naming the rungs):
