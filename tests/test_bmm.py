@@ -11,7 +11,7 @@ import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
                       assert_gradients_match, assert_result, capture_graph, check_bmm, devices,
                       gemv_short_k, gpu_available, product_kernels, random_matrix,
-                      relative_error, run_accepted, skinny_short_rows, split_kernels)
+                      relative_error, run_accepted, skinny_short_rows, sm_count, split_kernels)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -154,6 +154,31 @@ def test_decode_batches_run_in_one_launch(dtype):
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, mmv.matmul(a, b))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not gpu_available() or "skinny_gemv" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_gemv")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_narrow_expert_batches_count_their_rows_together(dtype):
+    """16-bit batches of nn.Linear weights (experts) at 1-2 tokens go to skinny_gemv under auto
+    where all their entries' rows together are 4-16 per SM and K >= 1024, as a single weight of
+    that many rows does, though one entry alone is too narrow for it; else to skinny."""
+    torch.manual_seed(0)
+    sms = sm_count()
+    for entries, n, k, m in [(8, 128, 4096, 1), (16, 64, 1024, 2), (8, 128, 4096, 3),
+                             (8, 128, 1000, 1), (4, 64, 4096, 1), (16, 256, 1024, 1),
+                             (3, 200, 1032, 2)]:
+        a = torch.randn(entries, m, k, device="cuda", dtype=dtype)
+        w = torch.randn(entries, n, k, device="cuda", dtype=dtype)
+        rows = entries * n
+        gemv = m <= 2 and k >= 1024 and 4 * sms <= rows <= 16 * sms
+        if not 4 * sms <= n <= 16 * sms:  # one entry alone stays off skinny_gemv
+            assert mmv.auto_choice(a[0], w[0].t()) != "skinny_gemv", (entries, n, k, m)
+        choice = mmv.auto_choice(a, w.mT)
+        assert choice == ("skinny_gemv" if gemv else "skinny"), (entries, n, k, m, choice)
+        assert len(product_kernels(lambda: mmv.matmul(a, w.mT))) == 1, (entries, n, k, m)
+        check_bmm(a, w.mT, "auto")
 
 
 @pytest.mark.cuda

@@ -565,11 +565,16 @@ constexpr const char* kFewTokensOnly =
 // more, from 5% faster to 6% slower; K = 512, level; K = 128 (q @ k^T at a head size of 128), up
 // to 1.35 times slower (short_k_takes has where this rung's short_k_kernel leads there); 3-4
 // tokens, from 1.27x as fast to 9% slower.
-bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
+// A bmm batch counts its entries' rows together (experts' narrow weights). 16-bit batches of
+// 4-32 entries at 1-2 tokens against rung 10 with its batch K split, same timing (H200): 1024
+// and 2048 rows 1.05-1.22x as fast at K = 4096 and 14336, level (0.98-1.05x) at 1024; 512 rows
+// 1.26-1.32x as fast at K = 4096 but 1.16-1.20 times slower at 14336; 4096 and 8192 rows level
+// at K = 4096, 1.04-1.07x as fast at 14336 and up to 1.14 times slower at 1024.
+bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
   const int64_t sms = device_info_for(a.device())->multiProcessorCount;
-  const int64_t N = b.size(1);
-  return !skinny::row_major(b) && a.size(0) <= 2 && b.size(0) >= 1024 && N >= 4 * sms &&
-         N <= 16 * sms;
+  const int64_t rows = b.size(1) * entries;
+  return !skinny::row_major(b) && a.size(0) <= 2 && b.size(0) >= 1024 && rows >= 4 * sms &&
+         rows <= 16 * sms;
 }
 
 // Where `auto` passes this rung over for the rungs below it. Back to back in a CUDA graph
@@ -598,7 +603,7 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b) {
 // - float32 products that short_k_takes stay here, at any token count it allows (on `entries`
 //   products in one launch: a bmm batch, a and b one entry each).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
-  if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b);
+  if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b, entries);
   const int64_t sms = device_info_for(a.device())->multiProcessorCount;
   const int64_t vector = 16 / a.element_size(), rows = b.size(1) * entries;
   if (!skinny::row_major(b) && short_k_takes(b.size(0), vector, a.size(0), rows, sms)) return false;
