@@ -32,7 +32,9 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # row of 33 tiles, a K tail in the last split). Of the small shapes above, (136, 264, 72) runs in
 # 128 x 64 tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles
 # (17-24 tokens) and 8 (49-64); its short-rows kernel at 8 chunks of k (8 x 1000 x 200) and 2
-# (3 x 70 x 64; the small shapes above take 1). skinny_gemv's 2 and 4 tokens, and its K split
+# (3 x 70 x 64; the small shapes above take 1), both with 2-byte stores, and with whole-sector
+# stores at 4 chunks (5 x 1000 x 96) and at 2 chunks in 2 token tiles (16 x 6400 x 64, 48 rows
+# per SM on 132 SMs). skinny_gemv's 2 and 4 tokens, and its K split
 # over blocks (both weight layouts: the transposed layouts of b are its row-major weight), its
 # row-major blocks
 # of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs), and its
@@ -43,7 +45,8 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # below, whose row-major entries' lines (all together) also take blocks of 16 warps (float32) and
 # 32 (16 bits). The batch of 8 entries of 128 columns below splits K over all its entries' blocks
 # (skinny and skinny_gemv).
-EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64)],
+EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64),
+                            (5, 1000, 96), (16, 6400, 64)],
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
                                 (2, 6000, 700), (1, 12000, 264), (4, 2000, 1100),
                                 (1, 7000, 100), (3, 6400, 33), (4, 6337, 128), (2, 6400, 20),

@@ -94,10 +94,12 @@ inline int64_t power_of_two_above(int64_t n) {
 // tokens, or up to 64 where chunks x token tiles (each rounded up to a power of two) are at most
 // 8, so that the x fragments of every chunk and tile fit in registers, and the launch has 48 rows
 // per SM or more. Back to back in CUDA graphs (weights rotated past L2, H200, bf16 and fp16;
-// decode.md "Short rows in token tiles"): at 9-64 tokens batches of 8-128 entries of 4096-8192
-// keys of 64-128 elements ran at 0.71-1.03x of torch.bmm, where skinny_kernel ran 0.16-0.25x;
-// 14336-16384 rows of 32-128 elements at 0.91-1.28x of torch.mm, where rung 11 ran 0.59-1.18x.
-// 4096 rows at 16 tokens, 64 blocks of 4 warps, lost to skinny_kernel (2.46 against 2.22 us).
+// decode.md "Short rows in token tiles" and "Short rows stored in whole sectors"): at 9-64
+// tokens batches of 8-128 entries of 4096-8192 keys of 32-128 elements ran at 0.90-1.04x of
+// torch.bmm, where skinny_kernel ran 0.16-0.25x; 14336-16384 rows of 32-128 elements at
+// 1.19-1.38x of torch.mm, where rung 11 ran 0.59-1.18x.
+// 4096 rows at 16 tokens, 64 blocks of 4 warps, lost to skinny_kernel (2.46 against 2.22 us,
+// with 2-byte stores).
 inline bool short_rows_fit(int64_t M, int64_t K, int64_t rows, int64_t sms) {
   if (K > kShortMaxChunks * kShortChunk) return false;
   if (M <= 8) return true;
