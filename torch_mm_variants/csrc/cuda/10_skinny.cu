@@ -27,7 +27,7 @@
 // - 16-bit K-contiguous rows of at most 256 elements at 1-8 tokens, and of fewer at up to 64
 //   (attention's keys at decode; skinny::short_rows_fit), run in short_rows_kernel instead: a
 //   warp owns whole rows and every k of them, so there is no K split across warps and nothing
-//   meets in shared memory.
+//   meets in shared memory; its outputs, transposed in registers, leave as whole 32-byte sectors.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a 16-bit weight stored row-major
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
