@@ -152,6 +152,20 @@ def test_cuda_graph_capture(algorithm):
 MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
 
 
+def product_or_batch(x: torch.Tensor, w: torch.Tensor):
+    """x [entries, M, K] and nn.Linear weights w [entries, N, K] as the op's a and b: a batch
+    where there are several entries, else the single product x[0] @ w[0].t()."""
+    return (x, w.mT) if x.shape[0] > 1 else (x[0], w[0].t())
+
+
+def check_against_float64(a: torch.Tensor, b: torch.Tensor, algorithm: str) -> None:
+    """a @ b on `algorithm` against float64: as a batch where a is 3-D, else one product."""
+    if a.dim() == 3:
+        check_bmm(a, b, algorithm)
+    else:
+        assert_matches_reference(a, b, algorithm)
+
+
 def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
                tma_reads_it: bool = False) -> bool:
     """Where `auto` takes skinny_gemv (a GPU that lists it). float32: up to 2 tokens; up to 4 on
@@ -318,19 +332,14 @@ def test_short_rows_on_tensor_cores(dtype):
         pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
         for offset in (0, 1):
             w = torch.randn(entries, n, pitch, device="cuda").to(dtype)[..., offset:offset + k]
-            x = torch.randn(entries, m, k, device="cuda").to(dtype)
-            b = w.mT if entries > 1 else w[0].t()
-            a = x if entries > 1 else x[0]
+            a, b = product_or_batch(torch.randn(entries, m, k, device="cuda").to(dtype), w)
             names = product_kernels(lambda: mmv.matmul(a, b, "skinny"))
             short = offset == 0 and skinny_short_rows(m, n * entries, k)
             batched = str(entries > 1).lower()
             kernel = (rf"short_rows_kernel<.*, {batched}>\(" if short else
                       rf"skinny_kernel<.*, {batched}>\(")
             assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, entries, names)
-            if entries > 1:
-                check_bmm(a, b, "skinny")
-            else:
-                assert_matches_reference(a, b, "skinny")
+            check_against_float64(a, b, "skinny")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
@@ -450,17 +459,12 @@ def test_gemv_k_warps_fill_the_sms(dtype):
         seen.add(k_warps)
         for offset in (0, 1):
             w = torch.randn(entries, n, k + offset, device="cuda").to(dtype)[..., offset:]
-            x = torch.randn(entries, m, k, device="cuda").to(dtype)
-            b = w.mT if entries > 1 else w[0].t()
-            a = x if entries > 1 else x[0]
+            a, b = product_or_batch(torch.randn(entries, m, k, device="cuda").to(dtype), w)
             names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
                      if "k_major_kernel" in e["name"]]
             flags = rf", {str(entries > 1).lower()}, {k_warps}>\("  # BATCHED, K_WARPS
             assert len(names) == 1 and re.search(flags, names[0]), (m, n, k, entries, names)
-            if entries > 1:
-                check_bmm(a, b, "skinny_gemv")
-            else:
-                assert_matches_reference(a, b, "skinny_gemv")
+            check_against_float64(a, b, "skinny_gemv")
     assert seen == {1, 2, 4, 8}, seen
 
 
@@ -496,18 +500,13 @@ def test_gemv_short_rows(dtype):
             seen.add(lanes if short else "k_major")
             for offset in (0, 1):
                 w = torch.randn(entries, n, k + offset, device="cuda").to(dtype)[..., offset:]
-                x = torch.randn(entries, m, k, device="cuda").to(dtype)
-                b = w.mT if entries > 1 else w[0].t()
-                a = x if entries > 1 else x[0]
+                a, b = product_or_batch(torch.randn(entries, m, k, device="cuda").to(dtype), w)
                 names = product_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
                 batched = str(entries > 1).lower()
                 kernel = rf"short_k_kernel<.*, {batched}, {lanes}>\(" if short else (
                     rf"k_major_kernel<.*, {batched}, \d+>\(")
                 assert len(names) == 1 and re.search(kernel, names[0]), (m, n, k, entries, names)
-                if entries > 1:
-                    check_bmm(a, b, "skinny_gemv")
-                else:
-                    assert_matches_reference(a, b, "skinny_gemv")
+                check_against_float64(a, b, "skinny_gemv")
     assert seen == {8, 16, 32, "k_major"}, seen
 
 
