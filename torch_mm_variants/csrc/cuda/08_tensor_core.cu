@@ -121,10 +121,7 @@ struct MmaOp<c10::Half> {
     mma::mma_m16n8k16_f16(d, a, b);
   }
   __device__ static uint32_t prepare(uint32_t x) { return x; }
-  __device__ static uint32_t pack(float x, float y) {
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
+  __device__ static uint32_t pack(float x, float y) { return mma::pack_half2(x, y); }
 };
 
 template <>
@@ -134,10 +131,7 @@ struct MmaOp<c10::BFloat16> {
     mma::mma_m16n8k16_bf16(d, a, b);
   }
   __device__ static uint32_t prepare(uint32_t x) { return x; }
-  __device__ static uint32_t pack(float x, float y) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
+  __device__ static uint32_t pack(float x, float y) { return mma::pack_bfloat162(x, y); }
 };
 
 template <>

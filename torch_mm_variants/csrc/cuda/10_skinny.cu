@@ -92,11 +92,7 @@ struct SkinnyMma<c10::Half> {
   __device__ static void split(uint32_t x, uint32_t (&parts)[1]) { parts[0] = x; }
   __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma::mma_m16n8k16_f16(d, a, b);
-  }  // Two outputs rounded to nearest, as static_cast<c10::Half> rounds; x in the low half.
-  __device__ static uint32_t pair(float x, float y) {
-    const __half2 h = __floats2half2_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
+  }  __device__ static uint32_t pair(float x, float y) { return mma::pack_half2(x, y); }
 };
 
 template <>
@@ -105,10 +101,7 @@ struct SkinnyMma<c10::BFloat16> {
   __device__ static void split(uint32_t x, uint32_t (&parts)[1]) { parts[0] = x; }
   __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma::mma_m16n8k16_bf16(d, a, b);
-  }  __device__ static uint32_t pair(float x, float y) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    return *reinterpret_cast<const uint32_t*>(&h);
-  }
+  }  __device__ static uint32_t pair(float x, float y) { return mma::pack_bfloat162(x, y); }
 };
 
 template <>

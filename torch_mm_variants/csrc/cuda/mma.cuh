@@ -7,6 +7,9 @@
 // and the accumulator holds C[g][2t, 2t + 1] and C[g + 8][2t, 2t + 1].
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
 
 namespace mm_variants::cuda::mma {
@@ -121,6 +124,19 @@ __device__ __forceinline__ Tf32Parts split_tf32(uint32_t x) {
   uint32_t big = round_to_tf32(x);
   if (isinf(__uint_as_float(big))) big = 0;
   return {big, __float_as_uint(__uint_as_float(x) - __uint_as_float(big))};
+}
+
+// Two float32 accumulators rounded to nearest (as static_cast<c10::Half> / <c10::BFloat16>
+// rounds) into one register of 16-bit elements, x in the low half: a C fragment's pair of
+// adjacent outputs, ready for one 4-byte store.
+__device__ __forceinline__ uint32_t pack_half2(float x, float y) {
+  const __half2 h = __floats2half2_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint32_t pack_bfloat162(float x, float y) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<const uint32_t*>(&h);
 }
 
 // ---------------------------------------------------------------------------------------------
