@@ -92,7 +92,8 @@ struct SkinnyMma<c10::Half> {
   __device__ static void split(uint32_t x, uint32_t (&parts)[1]) { parts[0] = x; }
   __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma::mma_m16n8k16_f16(d, a, b);
-  }  __device__ static uint32_t pair(float x, float y) { return mma::pack_half2(x, y); }
+  }
+  __device__ static uint32_t pair(float x, float y) { return mma::pack_half2(x, y); }
 };
 
 template <>
@@ -101,7 +102,8 @@ struct SkinnyMma<c10::BFloat16> {
   __device__ static void split(uint32_t x, uint32_t (&parts)[1]) { parts[0] = x; }
   __device__ static void run(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
     mma::mma_m16n8k16_bf16(d, a, b);
-  }  __device__ static uint32_t pair(float x, float y) { return mma::pack_bfloat162(x, y); }
+  }
+  __device__ static uint32_t pair(float x, float y) { return mma::pack_bfloat162(x, y); }
 };
 
 template <>
@@ -434,16 +436,16 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 }
 
 // 16-bit K-contiguous rows of at most 256 elements (q @ k^T at a head size of 64-256) at 1-8
-// tokens. skinny_kernel's block owns 16 rows and its warps split K in steps of up to 8 chunks, so
-// on such rows one or two warps of 8 hold any k, the block still meets in shared memory, and a
-// key cache is thousands of such blocks. Here a warp owns whole rows: kShortGroups groups of 16,
-// every chunk of their K loaded at once (8 or 16 weight vectors a lane), its token tiles' x
-// fragments loaded once; at one tile each group's two k slices sum in separate chains, which
-// meet in a fixed order, and the sums go from the registers to out (in whole 32-byte sectors,
-// store_group_tile): no shared memory, no K split. Blocks are
-// small (kShortWarps warps), so that a single product of a few thousand rows still spreads over
-// every SM. On an H200 (CUDA graphs, weights rotated past L2; 12 products and batches of 64-256
-// k at 1, 2, 4 and 8 tokens, bf16 and fp16: 96 cases) it ran at 1.00-1.48x of torch.mm /
+// tokens, and of fewer at up to 64 in token tiles (skinny::short_rows_fit). skinny_kernel's block
+// owns 16 rows and its warps split K in steps of up to 8 chunks, so on such rows one or two warps
+// of 8 hold any k, the block still meets in shared memory, and a key cache is thousands of such
+// blocks. Here a warp owns whole rows: kShortGroups groups of 16, every chunk of their K loaded at
+// once (8 or 16 weight vectors a lane), its token tiles' x fragments loaded once; at one tile each
+// group's two k slices sum in separate chains, which meet in a fixed order, and the sums go from
+// the registers to out (in whole 32-byte sectors, store_group_tile): no shared memory, no K split.
+// Blocks are small (kShortWarps warps), so that a single product of a few thousand rows still
+// spreads over every SM. On an H200 (CUDA graphs, weights rotated past L2; 12 products and batches
+// of 64-256 k at 1, 2, 4 and 8 tokens, bf16 and fp16: 96 cases) it ran at 1.00-1.48x of torch.mm /
 // torch.bmm, where skinny_kernel ran at 0.21-1.38x and rung 12's short_k_kernel at 0.15-1.25x:
 // never slower than either (within 1%), and up to 5.6 and 7.4 times as fast.
 constexpr int kShortWarps = 4;
