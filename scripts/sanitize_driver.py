@@ -17,36 +17,35 @@ from torch_mm_variants.bench import tolerance_for
 # needs.
 SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (136, 264, 72)]
 # Paths that only larger shapes reach, kept off the SIMT rungs (racecheck follows each of their
-# shared-memory accesses, and a K of thousands there takes it many minutes): wgmma's K split over
-# a cluster for few tiles (136 x 264 x 4100: K >= 4096, rows aligned in every layout);
-# skinny_tma's one-block-per-SM ring (64 tokens against a 4096 x 4096 weight, on a GPU of 132 SMs)
-# and, with b row-major, its weight read N-major (rows aligned there and in 20 x 136 x 1000, whose
-# last 64-row block is partly past N); wgmma's narrow tiles in six K splits (16 of them), past K =
-# 8192 its wide tiles split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs
-# over 2 rows, and a split tail (66 columns of pairs, then the last, partial column in 8 splits);
-# rows 16-byte aligned in every layout. 128 x 192 tiles, unpaired over 3 rows (outside the nn.Linear
-# layout, which computes that one transposed) and in pairs sharing B over 6. In the nn.Linear
-# layout, transposed tiles of 160 tokens, stored by TMA and (N odd) not, and split K where wide
-# tiles would: tiles of 160 tokens in 3 splits (N odd, a K tail), of 80 in 6, of 96 in 4; tiles of
-# 96 and of 80 tokens in one wave, unpaired (N odd, a K tail). 128 x 64 tiles split K in three (one
-# row of 33 tiles, a K tail in the last split). Of the small shapes above, (136, 264, 72) runs in
-# 128 x 64 tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles
-# (17-24 tokens) and 8 (49-64); its short-rows kernel at 8 chunks of k (8 x 1000 x 200) and 2
-# (3 x 70 x 64; the small shapes above take 1), both with 2-byte stores, and with whole-sector
-# stores at 4 chunks (5 x 1000 x 96) and at 2 chunks in 2 token tiles (16 x 6400 x 64, 48 rows
-# per SM on 132 SMs). skinny_gemv's 2 and 4 tokens, and its K split
-# over blocks (both weight layouts: the transposed layouts of b are its row-major weight), its
-# row-major blocks
+# shared-memory accesses, and a K of thousands there takes it many minutes): wgmma's K split over a
+# cluster for few tiles (136 x 264 x 4100: K >= 4096, rows aligned in every layout); skinny_tma's
+# one-block-per-SM ring (64 tokens against a 4096 x 4096 weight, on a GPU of 132 SMs) and, with b
+# row-major, its weight read N-major (rows aligned there and in 20 x 136 x 1000, whose last 64-row
+# block is partly past N); wgmma's narrow tiles in six K splits (16 of them), past K = 8192 its wide
+# tiles split 8 ways unpaired over an odd count of tile rows (3) and 4 ways in pairs over 2 rows,
+# and a split tail (66 columns of pairs, then the last, partial column in 8 splits); rows 16-byte
+# aligned in every layout. 128 x 192 tiles, unpaired over 3 rows (outside the nn.Linear layout,
+# which computes that one transposed) and in pairs sharing B over 6. In the nn.Linear layout,
+# transposed tiles of 160 tokens, stored by TMA and (N odd) not, and split K where wide tiles would:
+# tiles of 160 tokens in 3 splits (N odd, a K tail), of 80 in 6, of 96 in 4; tiles of 96 and of 80
+# tokens in one wave, unpaired (N odd, a K tail). 128 x 64 tiles split K in three (one row of 33
+# tiles, a K tail in the last split). Of the small shapes above, (136, 264, 72) runs in 128 x 64
+# tiles in every layout. skinny's token-tile counts that the small shapes miss: 3 tiles (17-24
+# tokens) and 8 (49-64); its short-rows kernel at 8 chunks of k (8 x 1000 x 200) and 2 (3 x 70 x 64;
+# the small shapes above take 1), both with 2-byte stores, and with whole-sector stores at 4 chunks
+# (5 x 1000 x 96), at 2 chunks in 2 token tiles (16 x 6400 x 64, 48 rows per SM on 132 SMs) and at 4
+# chunks in 4 tiles (24 x 6400 x 128). skinny_gemv's 2 and 4 tokens, and its K split over blocks
+# (both weight layouts: the transposed layouts of b are its row-major weight), its row-major blocks
 # of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs), and its
 # K-contiguous blocks with each count of warps to a row group's K (132 SMs): 8 on the first three
-# shapes, 2 on the fourth, 1 on the next two and the batch of 40 entries below, 4 on the next;
-# its short-K kernel (at least 48 rows per SM) with 8, 16 and 32 lanes to a row over the next four
-# shapes' dtypes, at 5-8 tokens on the two after them, and batched on the batch of 64 entries
-# below, whose row-major entries' lines (all together) also take blocks of 16 warps (float32) and
-# 32 (16 bits). The batch of 8 entries of 128 columns below splits K over all its entries' blocks
-# (skinny and skinny_gemv).
+# shapes, 2 on the fourth, 1 on the next two and the batch of 40 entries below, 4 on the next; its
+# short-K kernel (at least 48 rows per SM) with 8, 16 and 32 lanes to a row over the next four
+# shapes' dtypes, at 5-8 tokens on the two after them, and batched on the batch of 64 entries below,
+# whose row-major entries' lines (all together) also take blocks of 16 warps (float32) and 32 (16
+# bits). The batch of 8 entries of 128 columns below splits K over all its entries' blocks (skinny
+# and skinny_gemv).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64),
-                            (5, 1000, 96), (16, 6400, 64)],
+                            (5, 1000, 96), (16, 6400, 64), (24, 6400, 128)],
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
                                 (2, 6000, 700), (1, 12000, 264), (4, 2000, 1100),
                                 (1, 7000, 100), (3, 6400, 33), (4, 6337, 128), (2, 6400, 20),

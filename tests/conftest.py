@@ -63,16 +63,21 @@ def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
 def skinny_short_rows(m: int, rows: int, k: int) -> bool:
     """Where skinny runs 16-bit K-contiguous rows (16-byte aligned) of m tokens over `rows` weight
     rows (N, times a batch's entries) in its short-rows kernel: k <= 256 at 1-8 tokens, or up to
-    64 where chunks of 32 k times token tiles of 8 (each rounded up to a power of two) are at most
-    8 and there are at least 48 rows per SM. `auto` then takes skinny over skinny_tma."""
-    def power_of_two(v: int) -> int:
-        return 1 << max(v - 1, 0).bit_length()
+    64 where chunks of 32 k times token tiles of 8 (short_rows_fragments) are at most 16 and
+    there are at least 48 rows per SM. `auto` then takes skinny over skinny_tma where those are
+    at most 8, or k <= 64."""
     if k > 256:
         return False
     if m <= 8:
         return True
-    fit = power_of_two(-(-k // 32)) * power_of_two(-(-m // 8)) <= 8
-    return m <= 64 and fit and rows >= 48 * sm_count()
+    return m <= 64 and short_rows_fragments(m, k) <= 16 and rows >= 48 * sm_count()
+
+
+def short_rows_fragments(m: int, k: int) -> int:
+    """Chunks of 32 k times token tiles of 8, each rounded up to a power of two."""
+    def power_of_two(v: int) -> int:
+        return 1 << max(v - 1, 0).bit_length()
+    return power_of_two(-(-k // 32)) * power_of_two(-(-m // 8))
 
 
 def devices() -> list[str]:

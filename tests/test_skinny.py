@@ -15,8 +15,8 @@ import torch
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, check_bmm, gemv_short_k,
                       gpu_available, gpu_capability, kernel_sass, launched_kernels,
-                      product_kernels, random_matrix, skinny_short_rows, sm90a_available,
-                      sm_count, tf32_allowed)
+                      product_kernels, random_matrix, short_rows_fragments, skinny_short_rows,
+                      sm90a_available, sm_count, tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -319,14 +319,16 @@ def test_short_rows_on_tensor_cores(dtype):
     """16-bit K-contiguous rows of at most 256 elements, 16-byte aligned: skinny runs
     short_rows_kernel (a warp owns whole rows: 1, 2, 4 or 8 chunks of 32 k, 1-8 token tiles)
     where skinny_short_rows says so, else skinny_kernel; on K just off each chunk count and off
-    256, N just off a group's 16 rows and off 48 rows per SM (9-64 tokens), tokens off each tile
-    count, products and batches, rows aligned and one element in, against float64."""
+    256, N just off a group's 16 rows and off 48 rows per SM (9-64 tokens, up to 16 x vectors a
+    lane), tokens off each tile count, products and batches, rows aligned and one element in,
+    against float64."""
     torch.manual_seed(0)
     rows = 48 * sm_count()
     cases = [(m, k, n, entries) for m in (1, 3, 8, 9)
              for k in (1, 7, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257)
              for n, entries in ((1, 1), (17, 1), (1000, 1), (65, 3))]
-    cases += [(m, k, n, entries) for m in (9, 16, 17, 32, 33, 64) for k in (32, 33, 64, 65, 128)
+    cases += [(m, k, n, entries) for m in (9, 16, 17, 32, 33, 64)
+              for k in (32, 33, 64, 65, 128, 129, 256)
               for n, entries in ((rows, 1), (rows - 1, 1), (-(-rows // 3), 3))]
     for m, k, n, entries in cases:
         pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
@@ -561,7 +563,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
     rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
-    (skinny_short_rows). Above them skinny_gemv, where gemv_takes says so."""
+    (skinny_short_rows) where chunks x token tiles are at most 8 or k <= 64, and at 17-64
+    tokens rows of k <= 128 while its 16-row blocks fit at once. Above them skinny_gemv, where
+    gemv_takes says so."""
     names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
     if "skinny_gemv" in names and gemv_takes(m, n, k, dtype):
         return "skinny_gemv"
@@ -575,11 +579,12 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         return "skinny"
     if dtype == torch.float32:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
-    if m > 8 and skinny_short_rows(m, n, k):
+    if m > 8 and skinny_short_rows(m, n, k) and (short_rows_fragments(m, k) <= 8 or k <= 64):
         return "skinny"
     sms = sm_count()
     small_weight = n * k * dtype.itemsize < 64 * 2**20
-    if small_weight and (m <= 8 or (m <= 16 and -(-n // 16) <= 2 * sms)):
+    one_wave = -(-n // 16) <= 2 * sms
+    if small_weight and (m <= 8 or (one_wave and (m <= 16 or k <= 128))):
         return "skinny"
     return highest
 
@@ -599,7 +604,10 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (3, 8192, 256), (1, 8192, 264), (8, 16384, 64),
                                      (6, 16384, 64), (8, 16384, 65), (16, 16384, 128),
                                      (17, 16384, 128), (32, 14336, 64), (64, 16384, 32),
-                                     (16, 4096, 128)])
+                                     (16, 4096, 128), (24, 16384, 128), (48, 14336, 64),
+                                     (16, 16384, 256), (64, 6400, 64), (32, 4096, 64),
+                                     (48, 2048, 128), (64, 4096, 32), (24, 6144, 64),
+                                     (40, 4096, 129), (17, 4224, 128), (17, 4225, 128)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

@@ -451,7 +451,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 constexpr int kShortWarps = 4;
 using skinny::kShortChunk;
 using skinny::kShortMaxChunks;
-// TILES token tiles of 8 (skinny::short_rows_fit keeps CHUNKS * TILES <= 8): a tile's x
+// TILES token tiles of 8 (skinny::short_rows_fit keeps CHUNKS * TILES <= 16): a tile's x
 // fragments of every chunk stay in registers, so tiles count as chunks towards the groups of 16
 // rows a warp owns.
 template <int CHUNKS, int TILES = 1>
@@ -482,7 +482,7 @@ __device__ __forceinline__ void store_group_tile(const skinny::Problem<T>& p, co
 template <typename T, int CHUNKS, int TILES, bool BATCHED>
 __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Problem<T> p) {
   static_assert(sizeof(T) == 2, "16-bit MMAs take a chunk's vector in two k slices");
-  static_assert(CHUNKS * TILES <= kShortMaxChunks, "x fragments of at most 8 vectors a lane");
+  static_assert(CHUNKS * TILES <= skinny::kShortMaxFragments, "x fragments of <= 16 vectors");
   if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   using E = Bits<T>;
   constexpr int kVec = 8, kChunk = kShortChunk, kGroups = kShortGroups<CHUNKS, TILES>;
@@ -591,7 +591,7 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
   skinny::dispatch_power_of_two(ceil_div(K, int64_t{kShortChunk}), [&](auto chunks_c) {
     skinny::dispatch_power_of_two(ceil_div(x.size(0), int64_t{8}), [&](auto tiles_c) {
       constexpr int kChunks = decltype(chunks_c)::value, kTiles = decltype(tiles_c)::value;
-      if constexpr (kChunks * kTiles <= kShortMaxChunks) {
+      if constexpr (kChunks * kTiles <= skinny::kShortMaxFragments) {
         const int64_t rows_per_block =
             int64_t{kShortWarps} * kShortGroups<kChunks, kTiles> * kRows;
         const KernelLaunch launch(
@@ -603,7 +603,7 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
             },
             batch.entries > 1);
       } else {
-        TORCH_INTERNAL_ASSERT(false, "short_rows_take keeps chunks x tiles within 8");
+        TORCH_INTERNAL_ASSERT(false, "short_rows_take keeps chunks x tiles within 16");
       }
     });
   });

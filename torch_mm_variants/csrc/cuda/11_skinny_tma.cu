@@ -620,7 +620,8 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
 // kLargeWeight. On 4096 x 4096 an H100 ran it level with this rung or up to 6% ahead with L2
 // cleared before each call, and 3-5% ahead back to back in a CUDA graph; an H200 ran the two
 // level with L2 cleared and this rung 5-12% ahead back to back; all at 1.00-1.26x of torch.mm.
-// From 32 tokens on, rung 10's blocks re-read x from L2 and this rung is up to four times faster.
+// From 32 tokens on, rung 10's blocks re-read x from L2 and this rung is up to four times faster
+// (but not on rows of at most 128 elements, rung10_is_faster below).
 // Weights of kLargeWeight bytes and more (14336 x 4096 in 16 bits) stay here at every token
 // count: back to back, as serving engines run decode, rung 10 trailed torch.mm on them (down to
 // 0.94x at 1-8 tokens, 0.84-0.97x at 16) while this rung runs at 1.01-1.09x, and 1.08-1.14x with
@@ -651,10 +652,23 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   if (small_weight(a, N, K)) return true;
   if (a.scalar_type() == at::kFloat) return M <= 8 || (M <= 16 && N * K <= int64_t(4096) * 4096);
   const int sms = device_info_for(a.device())->multiProcessorCount;
-  // Short K-contiguous rows at 9-64 tokens: rung 10's short_rows_kernel (skinny.cuh).
-  if (M > 8 && !skinny::row_major(b) && skinny::short_rows_fit(M, K, N, sms)) return true;
+  // Short K-contiguous rows at 9-64 tokens: rung 10's short_rows_kernel (skinny.cuh), where
+  // chunks x tiles are at most 8, or at 16 on rows of at most 64 elements: on an H200 this rung
+  // ran 16384 x 128 at 24-32 tokens at 1.08-1.11x of torch.mm (short rows 1.06-1.09x) and
+  // 16384 x 256 at 16 at 1.05-1.06x (1.01-1.02x), but 14336 x 64 at 48-64 at 0.85-0.88x (short
+  // rows 1.03-1.05x).
+  if (M > 8 && !skinny::row_major(b) && skinny::short_rows_fit(M, K, N, sms) &&
+      (skinny::short_rows_fragments(M, K) <= 8 || K <= 64)) {
+    return true;
+  }
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
-  return M <= 8 || (M <= 16 && ceil_div(N, 16) <= 2 * sms);
+  // Where rung 10's 16-row blocks fit on the GPU at once (two per SM): up to 16 tokens, and up
+  // to 64 on K-contiguous rows of at most 128 elements. On an H200 (bf16, 1024-4096 rows of K 32,
+  // 64 and 128 at 17-64 tokens: 60 cases) rung 10 ran at 0.91-1.39x of torch.mm there, ahead of
+  // this rung's 0.71-1.10x in every case; at 6144 rows this rung led (0.81-1.11x against
+  // 0.63-0.88x) or tied.
+  const bool one_wave = ceil_div(N, 16) <= 2 * sms;
+  return M <= 8 || (one_wave && (M <= 16 || (K <= 128 && !skinny::row_major(b))));
 }
 
 // Past 64 tokens `auto` takes this rung for float32 with TF32 off only: rung 9 then passes

@@ -81,6 +81,9 @@ inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
 // kShortChunk k (a 16-byte vector on each of 4 lanes), its tokens in tiles of 8.
 constexpr int kShortChunk = 32;
 constexpr int kShortMaxChunks = 8;  // 256 k
+// Chunks times token tiles: the x vectors a lane holds (16: 64 registers; the kernel then holds
+// 100-150, no spills).
+constexpr int kShortMaxFragments = 16;
 
 // The least power of two at least n.
 inline int64_t power_of_two_above(int64_t n) {
@@ -89,23 +92,29 @@ inline int64_t power_of_two_above(int64_t n) {
   return p;
 }
 
+// Chunks of 32 k times token tiles of 8, each rounded up to a power of two: the x vectors a lane
+// of short_rows_kernel holds.
+inline int64_t short_rows_fragments(int64_t M, int64_t K) {
+  return power_of_two_above((K + kShortChunk - 1) / kShortChunk) * power_of_two_above((M + 7) / 8);
+}
+
 // Whether short_rows_kernel takes M tokens of K-contiguous 16-bit rows of K elements over `rows`
 // weight rows (N, times a batch's entries), rows 16-byte aligned: K of at most 256, and 1-8
-// tokens, or up to 64 where chunks x token tiles (each rounded up to a power of two) are at most
-// 8, so that the x fragments of every chunk and tile fit in registers, and the launch has 48 rows
-// per SM or more. Back to back in CUDA graphs (weights rotated past L2, H200, bf16 and fp16;
-// decode.md "Short rows in token tiles" and "Short rows stored in whole sectors"): at 9-64
-// tokens batches of 8-128 entries of 4096-8192 keys of 32-128 elements ran at 0.90-1.04x of
-// torch.bmm, where skinny_kernel ran 0.16-0.25x; 14336-16384 rows of 32-128 elements at
-// 1.19-1.38x of torch.mm, where rung 11 ran 0.59-1.18x.
+// tokens, or up to 64 where chunks x token tiles are at most 16, so that the x fragments of every
+// chunk and tile fit in registers, and the launch has 48 rows per SM or more. Back to back in
+// CUDA graphs (weights rotated past L2, H200, bf16 and fp16; decode.md "Short rows in token
+// tiles", "Short rows stored in whole sectors" and "Short rows at 16 fragments"): at 9-64 tokens
+// batches of 8-128 entries of 4096-8192 keys of 32-128 elements ran at 0.90-1.04x of torch.bmm
+// where chunks x tiles are at most 8, and 32 entries at 16 (K of 128 at 17-32 tokens, 256 at
+// 9-16, 64 at 33-64) at 0.67-0.83x, where skinny_kernel ran 0.16-0.44x; 14336-16384 rows of
+// 32-128 elements at 1.03-1.38x of torch.mm, where rung 11 ran 0.59-1.18x (rung 11 keeps the
+// single products at 16 but on rows of at most 64 elements, rung10_is_faster).
 // 4096 rows at 16 tokens, 64 blocks of 4 warps, lost to skinny_kernel (2.46 against 2.22 us,
 // with 2-byte stores).
 inline bool short_rows_fit(int64_t M, int64_t K, int64_t rows, int64_t sms) {
   if (K > kShortMaxChunks * kShortChunk) return false;
   if (M <= 8) return true;
-  const int64_t chunks = power_of_two_above((K + kShortChunk - 1) / kShortChunk);
-  const int64_t tiles = power_of_two_above((M + 7) / 8);
-  return M <= kMaxM && chunks * tiles <= kShortMaxChunks && rows >= 48 * sms;
+  return M <= kMaxM && short_rows_fragments(M, K) <= kShortMaxFragments && rows >= 48 * sms;
 }
 
 // Whether b [K, N] is a weight stored row-major that rung 8 multiplies faster than rung 10 (on
