@@ -663,10 +663,10 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   }
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   // Where rung 10's 16-row blocks fit on the GPU at once (two per SM): up to 16 tokens, and up
-  // to 64 on K-contiguous rows of at most 128 elements. On an H200 (bf16, 1024-4096 rows of K 32,
-  // 64 and 128 at 17-64 tokens: 60 cases) rung 10 ran at 0.91-1.39x of torch.mm there, ahead of
-  // this rung's 0.71-1.10x in every case; at 6144 rows this rung led (0.81-1.11x against
-  // 0.63-0.88x) or tied.
+  // to 64 on K-contiguous rows of at most 128 elements. On an H200 (1024-4096 rows of K 32,
+  // 64 and 128 at 17-64 tokens: 99 cases, bf16 and fp16) rung 10 ran at 0.91-1.39x of torch.mm
+  // there, ahead of this rung's 0.72-1.10x in every case; at 6144 rows this rung led
+  // (0.69-1.11x against 0.62-0.88x) or tied.
   const bool one_wave = ceil_div(N, 16) <= 2 * sms;
   return M <= 8 || (one_wave && (M <= 16 || (K <= 128 && !skinny::row_major(b))));
 }
