@@ -319,17 +319,17 @@ def test_short_rows_on_tensor_cores(dtype):
     """16-bit K-contiguous rows of at most 256 elements, 16-byte aligned: skinny runs
     short_rows_kernel (a warp owns whole rows: 1, 2, 4 or 8 chunks of 32 k, 1-8 token tiles)
     where skinny_short_rows says so, else skinny_kernel; on K just off each chunk count and off
-    256, N just off a group's 16 rows and off 48 rows per SM (9-64 tokens, up to 16 x vectors a
+    256, N just off a group's 16 rows and off 32 rows per SM (9-64 tokens, up to 16 x vectors a
     lane), tokens off each tile count, products and batches, rows aligned and one element in,
     against float64."""
     torch.manual_seed(0)
-    rows = 48 * sm_count()
+    rows = 32 * sm_count()
     cases = [(m, k, n, entries) for m in (1, 3, 8, 9)
              for k in (1, 7, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257)
              for n, entries in ((1, 1), (17, 1), (1000, 1), (65, 3))]
     cases += [(m, k, n, entries) for m in (9, 16, 17, 32, 33, 64)
               for k in (32, 33, 64, 65, 128, 129, 256)
-              for n, entries in ((rows, 1), (rows - 1, 1), (-(-rows // 3), 3))]
+              for n, entries in ((rows, 1), (rows + 1, 1), (-(-rows // 3) + 1, 3))]
     for m, k, n, entries in cases:
         pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
         for offset in (0, 1):

@@ -101,7 +101,7 @@ inline int64_t short_rows_fragments(int64_t M, int64_t K) {
 // Whether short_rows_kernel takes M tokens of K-contiguous 16-bit rows of K elements over `rows`
 // weight rows (N, times a batch's entries), rows 16-byte aligned: K of at most 256, and 1-8
 // tokens, or up to 64 where chunks x token tiles are at most 16, so that the x fragments of every
-// chunk and tile fit in registers, and the launch has 48 rows per SM or more. Back to back in
+// chunk and tile fit in registers, and the launch has more than 32 rows per SM. Back to back in
 // CUDA graphs (weights rotated past L2, H200, bf16 and fp16; decode.md "Short rows in token
 // tiles", "Short rows stored in whole sectors" and "Short rows at 16 fragments"): at 9-64 tokens
 // batches of 8-128 entries of 4096-8192 keys of 32-128 elements ran at 0.90-1.04x of torch.bmm
@@ -109,12 +109,15 @@ inline int64_t short_rows_fragments(int64_t M, int64_t K) {
 // 9-16, 64 at 33-64) at 0.67-0.83x, where skinny_kernel ran 0.16-0.44x; 14336-16384 rows of
 // 32-128 elements at 1.03-1.38x of torch.mm, where rung 11 ran 0.59-1.18x (rung 11 keeps the
 // single products at 16 but on rows of at most 64 elements, rung10_is_faster).
-// 4096 rows at 16 tokens, 64 blocks of 4 warps, lost to skinny_kernel (2.46 against 2.22 us,
-// with 2-byte stores).
+// Up to 32 rows per SM skinny_kernel's blocks of 16 rows fit on the GPU at once (two per SM), and
+// it was the faster: 4096 rows at 16 tokens, 64 blocks of 4 warps here, took 2.46 against 2.22
+// us (with 2-byte stores). Past them its blocks take a second wave, and on 4352-6144 rows of 32,
+// 64 and 128 elements at 9-64 tokens (bf16, 42 cases) this kernel ran at 0.85-1.26x of torch.mm
+// where rung 11 ran 0.68-1.18x (decode.md, "Short rows from 32 rows per SM").
 inline bool short_rows_fit(int64_t M, int64_t K, int64_t rows, int64_t sms) {
   if (K > kShortMaxChunks * kShortChunk) return false;
   if (M <= 8) return true;
-  return M <= kMaxM && short_rows_fragments(M, K) <= kShortMaxFragments && rows >= 48 * sms;
+  return M <= kMaxM && short_rows_fragments(M, K) <= kShortMaxFragments && rows > 32 * sms;
 }
 
 // Whether b [K, N] is a weight stored row-major that rung 8 multiplies faster than rung 10 (on
