@@ -8,10 +8,10 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params,
-                      assert_gradients_match, assert_result, capture_graph, check_bmm, devices,
-                      gemv_short_k, gpu_available, product_kernels, random_matrix,
-                      relative_error, run_accepted, skinny_short_rows, sm_count, split_kernels)
+from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params, assert_gradients_match,
+                      capture_graph, check_bmm, devices, gemv_short_k, gpu_available,
+                      product_kernels, random_matrix, relative_error, skinny_short_rows, sm_count,
+                      split_kernels)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
