@@ -34,7 +34,10 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # tokens) and 8 (49-64); its short-rows kernel at 8 chunks of k (8 x 1000 x 200) and 2 (3 x 70 x 64;
 # the small shapes above take 1), both with 2-byte stores, and with whole-sector stores at 4 chunks
 # (5 x 1000 x 96), at 2 chunks in 2 token tiles (16 x 6400 x 64, 48 rows per SM on 132 SMs) and at 4
-# chunks in 4 tiles (24 x 6400 x 128). skinny_gemv's 2 and 4 tokens, and its K split over blocks
+# chunks in 4 tiles (24 x 6400 x 128), and in passes over the token tiles, spread over blocks: 2
+# passes of 4 tiles at 4 chunks (48 x 4500 x 128), 4 of 2 at 8 chunks (64 x 4500 x 256), 3 that
+# reach M of 4 (40 x 4500 x 256); 2 passes to a block (64 x 9000 x 256); all in a block, the last
+# past M (40 x 34000 x 256). skinny_gemv's 2 and 4 tokens, and its K split over blocks
 # (both weight layouts: the transposed layouts of b are its row-major weight), its row-major blocks
 # of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs), and its
 # K-contiguous blocks with each count of warps to a row group's K (132 SMs): 8 on the first three
@@ -45,7 +48,9 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # bits). The batch of 8 entries of 128 columns below splits K over all its entries' blocks (skinny
 # and skinny_gemv).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64),
-                            (5, 1000, 96), (16, 6400, 64), (24, 6400, 128)],
+                            (5, 1000, 96), (16, 6400, 64), (24, 6400, 128),
+                            (48, 4500, 128), (64, 4500, 256), (40, 4500, 256), (64, 9000, 256),
+                            (40, 34000, 256)],
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
                                 (2, 6000, 700), (1, 12000, 264), (4, 2000, 1100),
                                 (1, 7000, 100), (3, 6400, 33), (4, 6337, 128), (2, 6400, 20),

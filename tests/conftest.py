@@ -63,14 +63,20 @@ def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
 def skinny_short_rows(m: int, rows: int, k: int) -> bool:
     """Where skinny runs 16-bit K-contiguous rows (16-byte aligned) of m tokens over `rows` weight
     rows (N, times a batch's entries) in its short-rows kernel: k <= 256 at 1-8 tokens, or up to
-    64 where chunks of 32 k times token tiles of 8 (short_rows_fragments) are at most 16 and
-    there are more than 32 rows per SM. `auto` then takes skinny over skinny_tma where those are
-    at most 8, or k <= 64."""
+    64 where skinny_kernel's blocks do not all fit on the GPU at once (more than 32 rows per SM).
+    `auto` then takes skinny over skinny_tma where chunks of 32 k times token tiles of 8
+    (short_rows_fragments) are at most 8, or k <= 64."""
     if k > 256:
         return False
     if m <= 8:
         return True
-    return m <= 64 and short_rows_fragments(m, k) <= 16 and rows > 32 * sm_count()
+    return m <= 64 and not rung10_blocks_fit_at_once(rows)
+
+
+def rung10_blocks_fit_at_once(rows: int) -> bool:
+    """Whether skinny_kernel's blocks of 16 rows over `rows` weight rows all fit on the GPU at
+    once, two per SM: at most 32 rows per SM."""
+    return rows <= 32 * sm_count()
 
 
 def short_rows_fragments(m: int, k: int) -> int:

@@ -15,8 +15,9 @@ import torch
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, check_bmm, gemv_short_k,
                       gpu_available, gpu_capability, kernel_sass, launched_kernels,
-                      product_kernels, random_matrix, short_rows_fragments, skinny_short_rows,
-                      sm90a_available, sm_count, tf32_allowed)
+                      product_kernels, random_matrix, rung10_blocks_fit_at_once,
+                      short_rows_fragments, skinny_short_rows, sm90a_available, sm_count,
+                      tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -314,22 +315,32 @@ def test_auto_reads_a_row_major_weight_in_place(m, dtype):
         assert_matches_reference(x, w, "auto")
 
 
+def short_rows_layout(m: int, k: int) -> str:
+    """short_rows_kernel's template arguments for m tokens of k-element rows: dtype, chunks of 32
+    k and token tiles of 8 (powers of two), the tiles of a pass keeping chunks x tiles within 16."""
+    chunks = short_rows_fragments(1, k)
+    tiles = min(short_rows_fragments(m, 1), 16 // chunks)
+    return rf"c10::\w+, {chunks}, {tiles}"
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_short_rows_on_tensor_cores(dtype):
     """16-bit K-contiguous rows of at most 256 elements, 16-byte aligned: skinny runs
     short_rows_kernel (a warp owns whole rows: 1, 2, 4 or 8 chunks of 32 k, 1-8 token tiles)
     where skinny_short_rows says so, else skinny_kernel; on K just off each chunk count and off
-    256, N just off a group's 16 rows and off 32 rows per SM (9-64 tokens, up to 16 x vectors a
-    lane), tokens off each tile count, products and batches, rows aligned and one element in,
-    against float64."""
+    256, N just off a group's 16 rows and off 32 rows per SM (9-64 tokens; past 16 x vectors a
+    lane in passes over the token tiles: spread over blocks on the fewest rows, half so on twice
+    as many, all in each block on 8 times as many), tokens off each tile count, products and
+    batches, rows aligned and one element in, against float64."""
     torch.manual_seed(0)
     rows = 32 * sm_count()
     cases = [(m, k, n, entries) for m in (1, 3, 8, 9)
              for k in (1, 7, 31, 32, 33, 64, 65, 100, 128, 129, 255, 256, 257)
              for n, entries in ((1, 1), (17, 1), (1000, 1), (65, 3))]
-    cases += [(m, k, n, entries) for m in (9, 16, 17, 32, 33, 64)
+    cases += [(m, k, n, entries) for m in (9, 16, 17, 32, 33, 40, 64)
               for k in (32, 33, 64, 65, 128, 129, 256)
-              for n, entries in ((rows, 1), (rows + 1, 1), (-(-rows // 3) + 1, 3))]
+              for n, entries in ((rows, 1), (rows + 1, 1), (-(-rows // 3) + 1, 3),
+                                 (2 * rows + 1, 1), (8 * rows + 1, 1))]
     for m, k, n, entries in cases:
         pitch = -(-(k + 1) // 8) * 8  # rows 16-byte aligned at offset 0
         for offset in (0, 1):
@@ -338,8 +349,8 @@ def test_short_rows_on_tensor_cores(dtype):
             names = product_kernels(lambda: mmv.matmul(a, b, "skinny"))
             short = offset == 0 and skinny_short_rows(m, n * entries, k)
             batched = str(entries > 1).lower()
-            kernel = (rf"short_rows_kernel<.*, {batched}>\(" if short else
-                      rf"skinny_kernel<.*, {batched}>\(")
+            kernel = (rf"short_rows_kernel<{short_rows_layout(m, k)}, {batched}, \d>\(" if short
+                      else rf"skinny_kernel<.*, {batched}>\(")
             assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, entries, names)
             check_against_float64(a, b, "skinny")
 
@@ -581,9 +592,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
     if m > 8 and skinny_short_rows(m, n, k) and (short_rows_fragments(m, k) <= 8 or k <= 64):
         return "skinny"
-    sms = sm_count()
     small_weight = n * k * dtype.itemsize < 64 * 2**20
-    one_wave = -(-n // 16) <= 2 * sms
+    one_wave = rung10_blocks_fit_at_once(n)
     if small_weight and (m <= 8 or (one_wave and (m <= 16 or k <= 128))):
         return "skinny"
     return highest

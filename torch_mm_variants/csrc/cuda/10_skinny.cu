@@ -24,10 +24,11 @@
 //   float32's tolerance at every K tested, and still far below the memory time.
 // - A step's MMAs are ordered so that independent accumulator chains take turns; on sm_90a,
 //   16-bit launches from 9 tokens start while the kernel before them finishes.
-// - 16-bit K-contiguous rows of at most 256 elements at 1-8 tokens, and of fewer at up to 64
-//   (attention's keys at decode; skinny::short_rows_fit), run in short_rows_kernel instead: a
-//   warp owns whole rows and every k of them, so there is no K split across warps and nothing
-//   meets in shared memory; its outputs, transposed in registers, leave as whole 32-byte sectors.
+// - 16-bit K-contiguous rows of at most 256 elements at 1-8 tokens, and at up to 64 where there
+//   are more than 32 rows per SM (attention's keys at decode; skinny::short_rows_fit), run in
+//   short_rows_kernel instead: a warp owns whole rows and every k of them, so there is no K split
+//   across warps and nothing meets in shared memory; its outputs, transposed in registers, leave
+//   as whole 32-byte sectors.
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a 16-bit weight stored row-major
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
@@ -436,7 +437,7 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 }
 
 // 16-bit K-contiguous rows of at most 256 elements (q @ k^T at a head size of 64-256) at 1-8
-// tokens, and of fewer at up to 64 in token tiles (skinny::short_rows_fit). skinny_kernel's block
+// tokens, and at up to 64 in token tiles (skinny::short_rows_fit). skinny_kernel's block
 // owns 16 rows and its warps split K in steps of up to 8 chunks, so on such rows one or two warps
 // of 8 hold any k, the block still meets in shared memory, and a key cache is thousands of such
 // blocks. Here a warp owns whole rows: kShortGroups groups of 16, every chunk of their K loaded at
@@ -451,9 +452,8 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
 constexpr int kShortWarps = 4;
 using skinny::kShortChunk;
 using skinny::kShortMaxChunks;
-// TILES token tiles of 8 (skinny::short_rows_fit keeps CHUNKS * TILES <= 16): a tile's x
-// fragments of every chunk stay in registers, so tiles count as chunks towards the groups of 16
-// rows a warp owns.
+// TILES token tiles of 8 in a pass (CHUNKS * TILES <= 16): a tile's x fragments of every chunk
+// stay in registers, so tiles count as chunks towards the groups of 16 rows a warp owns.
 template <int CHUNKS, int TILES = 1>
 constexpr int kShortGroups = CHUNKS * TILES >= 4 ? 1 : 4 / (CHUNKS * TILES);
 
@@ -479,7 +479,30 @@ __device__ __forceinline__ void store_group_tile(const skinny::Problem<T>& p, co
   }
 }
 
-template <typename T, int CHUNKS, int TILES, bool BATCHED>
+// This lane's x vectors of token tiles token0 / 8 .. token0 / 8 + TILES - 1, every chunk. As in
+// skinny_kernel, tokens past M read the last one, for outputs never stored; k past K reads as
+// zeros (load_row).
+template <int CHUNKS, int TILES, typename T>
+__device__ __forceinline__ void load_token_tiles(const skinny::Problem<T>& p, int token0, int g,
+                                                 int t, uint4 (&xv)[CHUNKS][TILES]) {
+  using E = Bits<T>;
+  constexpr int kVec = 8;
+#pragma unroll
+  for (int j = 0; j < TILES; ++j) {
+    const E* x_row = reinterpret_cast<const E*>(p.x) + min(token0 + 8 * j + g, p.M - 1) * p.ldx +
+                     t * kVec;
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c) {
+      xv[c][j] = load_row<true, false>(x_row + c * kShortChunk, p.K - (c * kShortChunk + t * kVec));
+    }
+  }
+}
+
+// PASSES: passes over the token tiles, TILES at a time, against the weight vectors loaded once,
+// where all the tiles would hold more than 16 x vectors a lane; block row blockIdx.y takes passes
+// blockIdx.y * PASSES onwards (launch_short_rows spreads the passes over blocks where the GPU is
+// otherwise short of warps).
+template <typename T, int CHUNKS, int TILES, bool BATCHED, int PASSES = 1>
 __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Problem<T> p) {
   static_assert(sizeof(T) == 2, "16-bit MMAs take a chunk's vector in two k slices");
   static_assert(CHUNKS * TILES <= skinny::kShortMaxFragments, "x fragments of <= 16 vectors");
@@ -491,17 +514,9 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kShortWarps + warp) * kGroups * kRows;
-  // As in skinny_kernel: rows past N and tokens past M read the last one, for outputs never
-  // stored; k past K reads as zeros (load_row).
+  // As in skinny_kernel: rows past N read the last one, for outputs never stored.
   uint4 xv[CHUNKS][TILES], wv[kGroups][2][CHUNKS];
-#pragma unroll
-  for (int j = 0; j < TILES; ++j) {
-    const E* x_row = reinterpret_cast<const E*>(p.x) + min(8 * j + g, p.M - 1) * p.ldx + t * kVec;
-#pragma unroll
-    for (int c = 0; c < CHUNKS; ++c) {
-      xv[c][j] = load_row<true, false>(x_row + c * kChunk, p.K - (c * kChunk + t * kVec));
-    }
-  }
+  load_token_tiles(p, 8 * TILES * static_cast<int>(blockIdx.y) * PASSES, g, t, xv);
 #pragma unroll
   for (int r = 0; r < kGroups; ++r) {
 #pragma unroll
@@ -514,59 +529,69 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
       }
     }
   }
-  float acc[kGroups][TILES][kSlices][4] = {};
 #pragma unroll
-  for (int c = 0; c < CHUNKS; ++c) {
+  for (int pass = 0; pass < PASSES; ++pass) {
+    const int token0 = 8 * TILES * (static_cast<int>(blockIdx.y) * PASSES + pass);
+    if (pass > 0) {
+      if (token0 >= p.M) return;
+      load_token_tiles(p, token0, g, t, xv);
+    }
+    float acc[kGroups][TILES][kSlices][4] = {};
 #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int c = 0; c < CHUNKS; ++c) {
 #pragma unroll
-      for (int r = 0; r < kGroups; ++r) {
-        const uint32_t a[4] = {word(wv[r][0][c], 2 * s), word(wv[r][1][c], 2 * s),
-                               word(wv[r][0][c], 2 * s + 1), word(wv[r][1][c], 2 * s + 1)};
+      for (int s = 0; s < 2; ++s) {
 #pragma unroll
-        for (int j = 0; j < TILES; ++j) {  // independent chains take turns
-          const uint32_t b[2] = {word(xv[c][j], 2 * s), word(xv[c][j], 2 * s + 1)};
-          SkinnyMma<T>::run(acc[r][j][s % kSlices], a, b);
+        for (int r = 0; r < kGroups; ++r) {
+          const uint32_t a[4] = {word(wv[r][0][c], 2 * s), word(wv[r][1][c], 2 * s),
+                                 word(wv[r][0][c], 2 * s + 1), word(wv[r][1][c], 2 * s + 1)};
+#pragma unroll
+          for (int j = 0; j < TILES; ++j) {  // independent chains take turns
+            const uint32_t b[2] = {word(xv[c][j], 2 * s), word(xv[c][j], 2 * s + 1)};
+            SkinnyMma<T>::run(acc[r][j][s % kSlices], a, b);
+          }
         }
       }
     }
-  }
-  // Whole sectors where out allows them. On an H200 (CUDA graphs, weights rotated past L2; 53
-  // cases: products and batches of K 32-256 at 1-64 tokens, bf16 and fp16) they ran up to 1.98
-  // times as fast as 2-byte stores where outputs are much of the traffic (32 x [4096, 32] at 64
-  // tokens: 16.7 -> 8.4 us; 16384 x 32 at 64: 3.94 -> 2.90; K = 64 at 32 tokens: 1.10-1.28x),
-  // level to 1.07x at 1-8 tokens on K of 64-128; but at 8 chunks (K of 225-256) up to 1.6%
-  // slower: there the output is a small part of the traffic, so those keep the 2-byte stores.
-  if (CHUNKS < kShortMaxChunks && p.partial == nullptr && p.N % 4 == 0 &&
-      reinterpret_cast<uintptr_t>(p.out) % 8 == 0) {
+    // Whole sectors where out allows them. On an H200 (CUDA graphs, weights rotated past L2; 53
+    // cases: products and batches of K 32-256 at 1-64 tokens, bf16 and fp16) they ran up to 1.98
+    // times as fast as 2-byte stores where outputs are much of the traffic (32 x [4096, 32] at
+    // 64 tokens: 16.7 -> 8.4 us; 16384 x 32 at 64: 3.94 -> 2.90; K = 64 at 32 tokens:
+    // 1.10-1.28x), level to 1.07x at 1-8 tokens on K of 64-128; but at 8 chunks (K of 225-256)
+    // up to 1.6% slower: there the output is a small part of the traffic, so those keep the
+    // 2-byte stores.
+    if (CHUNKS < kShortMaxChunks && p.partial == nullptr && p.N % 4 == 0 &&
+        reinterpret_cast<uintptr_t>(p.out) % 8 == 0) {
+#pragma unroll
+      for (int r = 0; r < kGroups; ++r) {
+#pragma unroll
+        for (int j = 0; j < TILES; ++j) {
+          float sum[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            sum[q] = acc[r][j][0][q];
+            if constexpr (kSlices == 2) sum[q] += acc[r][j][1][q];
+          }
+          store_group_tile(p, sum, n0 + r * kRows, token0 + 8 * j, g, t);
+        }
+      }
+      if constexpr (PASSES == 1) return;  // the one pass's stores end the kernel
+      continue;
+    }
+    // Accumulator q of a group and tile j: row g + 8 (q / 2), token token0 + 8 j + 2 t + q % 2.
 #pragma unroll
     for (int r = 0; r < kGroups; ++r) {
 #pragma unroll
       for (int j = 0; j < TILES; ++j) {
-        float sum[4];
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          sum[q] = acc[r][j][0][q];
-          if constexpr (kSlices == 2) sum[q] += acc[r][j][1][q];
+          const int m = token0 + 8 * j + 2 * t + q % 2;
+          const int64_t n = n0 + r * kRows + g + 8 * (q / 2);
+          if (m >= p.M || n >= p.N) continue;
+          float sum = acc[r][j][0][q];
+          if constexpr (kSlices == 2) sum += acc[r][j][1][q];
+          skinny::store_sum(p, m, static_cast<int>(n), sum);
         }
-        store_group_tile(p, sum, n0 + r * kRows, 8 * j, g, t);
-      }
-    }
-    return;
-  }
-  // Accumulator q of a group and tile j: row g + 8 (q / 2), token 8 j + 2 t + q % 2.
-#pragma unroll
-  for (int r = 0; r < kGroups; ++r) {
-#pragma unroll
-    for (int j = 0; j < TILES; ++j) {
-#pragma unroll
-      for (int q = 0; q < 4; ++q) {
-        const int m = 8 * j + 2 * t + q % 2;
-        const int64_t n = n0 + r * kRows + g + 8 * (q / 2);
-        if (m >= p.M || n >= p.N) continue;
-        float sum = acc[r][j][0][q];
-        if constexpr (kSlices == 2) sum += acc[r][j][1][q];
-        skinny::store_sum(p, m, static_cast<int>(n), sum);
       }
     }
   }
@@ -583,28 +608,59 @@ bool short_rows_take(const at::Tensor& x, const at::Tensor& w, int64_t ldw,
          skinny::rows_aligned<T>(w.data_ptr(), ldw, batch);
 }
 
+// f(std::integral_constant<int, P>): the passes P of ALL_PASSES (1, 2 or 4) that a block of
+// short_rows_kernel takes, the rest spread over block rows. Spread as far as the blocks (`blocks`
+// of one pass) still fit on the GPU at once (`resident` blocks): each block then loads its weight
+// rows again, mostly from L2 where the blocks sharing them run together. A warp owns 16 rows past
+// 16 fragments, so a few thousand rows are few warps to an SM, each taking its passes one after
+// another. On an H200 (CUDA graphs, weights rotated past L2, bf16; 4500-10240 rows of 128 and 256
+// elements at 40-64 tokens, and 4 x [1536, 256] at 64) spread passes ran at 0.65-1.50x of
+// torch.mm / torch.bmm, every pass in one block at 0.50-1.16x, skinny_kernel at 0.55-1.36x;
+// spread within 2% of skinny_kernel or ahead in every case (decode.md, "Short rows in passes").
+template <int ALL_PASSES, typename F>
+void with_passes_per_block(int64_t blocks, int64_t resident, F&& f) {
+  if constexpr (ALL_PASSES >= 2) {
+    if (blocks * ALL_PASSES <= resident) return f(std::integral_constant<int, 1>{});
+  }
+  if constexpr (ALL_PASSES == 4) {
+    if (blocks * 2 <= resident) return f(std::integral_constant<int, 2>{});
+  }
+  f(std::integral_constant<int, ALL_PASSES>{});
+}
+
 template <typename T>
 void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                        at::Tensor& out, const skinny::Batch& batch) {
-  const int64_t K = x.size(1);
+  const int64_t M = x.size(0), K = x.size(1);
   const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out, KSplit{1, K}, batch);
   skinny::dispatch_power_of_two(ceil_div(K, int64_t{kShortChunk}), [&](auto chunks_c) {
-    skinny::dispatch_power_of_two(ceil_div(x.size(0), int64_t{8}), [&](auto tiles_c) {
-      constexpr int kChunks = decltype(chunks_c)::value, kTiles = decltype(tiles_c)::value;
-      if constexpr (kChunks * kTiles <= skinny::kShortMaxFragments) {
-        const int64_t rows_per_block =
-            int64_t{kShortWarps} * kShortGroups<kChunks, kTiles> * kRows;
-        const KernelLaunch launch(
-            skinny::grid_of(ceil_div(out.size(1), rows_per_block), 1, batch), 32 * kShortWarps, 0);
-        dispatch_bools(
-            [&](auto batched_c) {
-              launch.run(short_rows_kernel<T, kChunks, kTiles, decltype(batched_c)::value>,
+    skinny::dispatch_power_of_two(ceil_div(M, int64_t{8}), [&](auto all_tiles_c) {
+      constexpr int kChunks = decltype(chunks_c)::value;
+      // Token tiles of a pass: as many as keep chunks x tiles within 16 (powers of two both).
+      constexpr int kTiles =
+          std::min(int{decltype(all_tiles_c)::value}, skinny::kShortMaxFragments / kChunks);
+      constexpr int kAllPasses = decltype(all_tiles_c)::value / kTiles;
+      const int64_t rows_per_block = int64_t{kShortWarps} * kShortGroups<kChunks, kTiles> * kRows;
+      const int64_t blocks = ceil_div(out.size(1), rows_per_block);
+      const int64_t passes = ceil_div(ceil_div(M, int64_t{8}), int64_t{kTiles});  // that reach M
+      dispatch_bools(
+          [&](auto batched_c) {
+            constexpr bool kBatched = decltype(batched_c)::value;
+            const int64_t resident =
+                resident_blocks_per_sm(short_rows_kernel<T, kChunks, kTiles, kBatched, 1>,
+                                       32 * kShortWarps, 0) *
+                int64_t{device_info_for(x.device())->multiProcessorCount};
+            with_passes_per_block<kAllPasses>(blocks * batch.entries, resident, [&](auto per_c) {
+              constexpr int kPasses = decltype(per_c)::value;
+              const KernelLaunch launch(
+                  skinny::grid_of(blocks, static_cast<int>(ceil_div(passes, int64_t{kPasses})),
+                                  batch),
+                  32 * kShortWarps, 0);
+              launch.run(short_rows_kernel<T, kChunks, kTiles, kBatched, kPasses>,
                          product.problem());
-            },
-            batch.entries > 1);
-      } else {
-        TORCH_INTERNAL_ASSERT(false, "short_rows_take keeps chunks x tiles within 16");
-      }
+            });
+          },
+          batch.entries > 1);
     });
   });
 }

@@ -667,7 +667,7 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // 64 and 128 at 17-64 tokens: 99 cases, bf16 and fp16) rung 10 ran at 0.91-1.39x of torch.mm
   // there, ahead of this rung's 0.72-1.10x in every case; at 6144 rows this rung led
   // (0.69-1.11x against 0.62-0.88x) or tied.
-  const bool one_wave = ceil_div(N, 16) <= 2 * sms;
+  const bool one_wave = skinny::rung10_blocks_fit_at_once(N, sms);
   return M <= 8 || (one_wave && (M <= 16 || (K <= 128 && !skinny::row_major(b))));
 }
 

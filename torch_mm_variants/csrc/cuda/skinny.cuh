@@ -82,7 +82,7 @@ inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
 constexpr int kShortChunk = 32;
 constexpr int kShortMaxChunks = 8;  // 256 k
 // Chunks times token tiles: the x vectors a lane holds (16: 64 registers; the kernel then holds
-// 100-150, no spills).
+// 100-164, no spills). More tiles are taken in passes of at most this many.
 constexpr int kShortMaxFragments = 16;
 
 // The least power of two at least n.
@@ -98,17 +98,24 @@ inline int64_t short_rows_fragments(int64_t M, int64_t K) {
   return power_of_two_above((K + kShortChunk - 1) / kShortChunk) * power_of_two_above((M + 7) / 8);
 }
 
+// Whether skinny_kernel's blocks of 16 rows over `rows` weight rows (N, times a batch's entries)
+// all fit on the GPU at once, two per SM: ceil(rows / 16) <= 2 sms, at most 32 rows per SM.
+inline bool rung10_blocks_fit_at_once(int64_t rows, int64_t sms) { return rows <= 32 * sms; }
+
 // Whether short_rows_kernel takes M tokens of K-contiguous 16-bit rows of K elements over `rows`
 // weight rows (N, times a batch's entries), rows 16-byte aligned: K of at most 256, and 1-8
-// tokens, or up to 64 where chunks x token tiles are at most 16, so that the x fragments of every
-// chunk and tile fit in registers, and the launch has more than 32 rows per SM. Back to back in
-// CUDA graphs (weights rotated past L2, H200, bf16 and fp16; decode.md "Short rows in token
-// tiles", "Short rows stored in whole sectors" and "Short rows at 16 fragments"): at 9-64 tokens
-// batches of 8-128 entries of 4096-8192 keys of 32-128 elements ran at 0.90-1.04x of torch.bmm
-// where chunks x tiles are at most 8, and 32 entries at 16 (K of 128 at 17-32 tokens, 256 at
-// 9-16, 64 at 33-64) at 0.67-0.83x, where skinny_kernel ran 0.16-0.44x; 14336-16384 rows of
-// 32-128 elements at 1.03-1.38x of torch.mm, where rung 11 ran 0.59-1.18x (rung 11 keeps the
-// single products at 16 but on rows of at most 64 elements, rung10_is_faster).
+// tokens, or up to 64 where the launch has more than 32 rows per SM. Where chunks x token tiles
+// pass 16, the x fragments of every chunk and tile would not fit in registers, and the kernel
+// takes the tiles in passes against weight vectors loaded once. Back to back in CUDA graphs
+// (weights rotated past L2, H200, bf16 and fp16; decode.md "Short rows in token tiles", "Short
+// rows stored in whole sectors", "Short rows at 16 fragments" and "Short rows in passes"): at
+// 9-64 tokens batches of 8-128 entries of 4096-8192 keys of 32-128 elements ran at 0.90-1.04x of
+// torch.bmm where chunks x tiles are at most 8, and 32 entries at 16 (K of 128 at 17-32 tokens,
+// 256 at 9-16, 64 at 33-64) at 0.67-0.83x, where skinny_kernel ran 0.16-0.44x; past 16, in
+// passes, batches of 8 and 32 entries of 2048-8192 keys of 128 and 256 elements at 0.48-0.70x,
+// where skinny_kernel ran 0.23-0.44x. 14336-16384 rows of 32-128 elements at 1.03-1.38x of
+// torch.mm, where rung 11 ran 0.59-1.18x (rung 11 keeps the single products from 16 fragments
+// on but on rows of at most 64 elements, rung10_is_faster).
 // Up to 32 rows per SM skinny_kernel's blocks of 16 rows fit on the GPU at once (two per SM), and
 // it was the faster: 4096 rows at 16 tokens, 64 blocks of 4 warps here, took 2.46 against 2.22
 // us (with 2-byte stores). Past them its blocks take a second wave, and on 4352-6144 rows of 32,
@@ -117,7 +124,7 @@ inline int64_t short_rows_fragments(int64_t M, int64_t K) {
 inline bool short_rows_fit(int64_t M, int64_t K, int64_t rows, int64_t sms) {
   if (K > kShortMaxChunks * kShortChunk) return false;
   if (M <= 8) return true;
-  return M <= kMaxM && short_rows_fragments(M, K) <= kShortMaxFragments && rows > 32 * sms;
+  return M <= kMaxM && !rung10_blocks_fit_at_once(rows, sms);
 }
 
 // Whether b [K, N] is a weight stored row-major that rung 8 multiplies faster than rung 10 (on
