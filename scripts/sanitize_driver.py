@@ -37,20 +37,21 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # chunks in 4 tiles (24 x 6400 x 128), and in passes over the token tiles, spread over blocks: 2
 # passes of 4 tiles at 4 chunks (48 x 4500 x 128), 4 of 2 at 8 chunks (64 x 4500 x 256), 3 that
 # reach M of 4 (40 x 4500 x 256); 2 passes to a block (64 x 9000 x 256); all in a block, the last
-# past M (40 x 34000 x 256). skinny_gemv's 2 and 4 tokens, and its K split over blocks
-# (both weight layouts: the transposed layouts of b are its row-major weight), its row-major blocks
-# of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines of 128 bytes, 132 SMs), and its
-# K-contiguous blocks with each count of warps to a row group's K (132 SMs): 8 on the first three
-# shapes, 2 on the fourth, 1 on the next two and the batch of 40 entries below, 4 on the next; its
-# short-K kernel (at least 48 rows per SM) with 8, 16 and 32 lanes to a row over the next four
-# shapes' dtypes, at 5-8 tokens on the two after them, and batched on the batch of 64 entries below,
-# whose row-major entries' lines (all together) also take blocks of 16 warps (float32) and 32 (16
-# bits). The batch of 8 entries of 128 columns below splits K over all its entries' blocks (skinny
-# and skinny_gemv).
+# past M (40 x 34000 x 256); its row-major weights of long K at 33-64 tokens in two 16-column warp
+# groups a block, the second of the last block past N (48 x 72 x 4100). skinny_gemv's 2 and 4
+# tokens, and its K split over blocks (both weight layouts: the transposed layouts of b are its
+# row-major weight), its row-major blocks of 32 and 16 warps (1-2 tokens on 66-132 and 133-264 lines
+# of 128 bytes, 132 SMs), and its K-contiguous blocks with each count of warps to a row group's K
+# (132 SMs): 8 on the first three shapes, 2 on the fourth, 1 on the next two and the batch of 40
+# entries below, 4 on the next; its short-K kernel (at least 48 rows per SM) with 8, 16 and 32 lanes
+# to a row over the next four shapes' dtypes, at 5-8 tokens on the two after them, and batched on
+# the batch of 64 entries below, whose row-major entries' lines (all together) also take blocks of
+# 16 warps (float32) and 32 (16 bits). The batch of 8 entries of 128 columns below splits K over all
+# its entries' blocks (skinny and skinny_gemv).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64),
                             (5, 1000, 96), (16, 6400, 64), (24, 6400, 128),
                             (48, 4500, 128), (64, 4500, 256), (40, 4500, 256), (64, 9000, 256),
-                            (40, 34000, 256)],
+                            (40, 34000, 256), (48, 72, 4100)],
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
                                 (2, 6000, 700), (1, 12000, 264), (4, 2000, 1100),
                                 (1, 7000, 100), (3, 6400, 33), (4, 6337, 128), (2, 6400, 20),

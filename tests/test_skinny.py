@@ -350,7 +350,7 @@ def test_short_rows_on_tensor_cores(dtype):
             short = offset == 0 and skinny_short_rows(m, n * entries, k)
             batched = str(entries > 1).lower()
             kernel = (rf"short_rows_kernel<{short_rows_layout(m, k)}, {batched}, \d>\(" if short
-                      else rf"skinny_kernel<.*, {batched}>\(")
+                      else rf"skinny_kernel<.*, {batched}, 1>\(")  # BATCHED, COLUMN_WARPS
             assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, entries, names)
             check_against_float64(a, b, "skinny")
 
@@ -361,7 +361,9 @@ def test_reads_a_16bit_row_major_weight_in_place(dtype):
     transposed in registers), no copy of the weight launched, on sizes just off the 16- and
     32-column blocks, the 32-k chunks and the token tiles, split K or not; with w's rows padded to
     16 bytes (blocks of 32 columns up to 32 tokens, also with an odd N), its base 8 bytes in
-    (8-byte loads) or one element in (element by element), and an odd N."""
+    (8-byte loads; from 33 tokens on K >= 4096 two warps side by side along N, the second one's
+    columns past N at N = 136) or one element in (element by element), and an odd N. K up to
+    1024 is not split (520 at 32 tokens on N = 1001 was), a long K over a few blocks is."""
     torch.manual_seed(0)
     for m, n, k in [(1, 64, 64), (7, 72, 136), (16, 1000, 1000), (17, 4104, 72), (33, 136, 4104),
                     (64, 2048, 2000), (5, 17000, 520), (8, 4096, 4096), (64, 4095, 4097),
@@ -373,9 +375,17 @@ def test_reads_a_16bit_row_major_weight_in_place(dtype):
                      if "FillFunctor" not in e["name"]]
             products = [name for name in names if "skinny_kernel" in name]
             rows_16_bytes = w.data_ptr() % 16 == 0 and w.stride(0) % 8 == 0
-            columns = 2 if rows_16_bytes and m <= 32 else 1  # groups of 16 a block owns
+            rows_8_bytes = w.data_ptr() % 8 == 0 and w.stride(0) % 4 == 0
+            columns = 2 if rows_16_bytes and m <= 32 else 1  # groups of 16 a warp owns
+            column_warps = 2 if rows_8_bytes and m > 32 and k >= 4096 else 1  # along N
             assert len(products) == 1 and re.search(
-                rf"skinny_kernel<[^<>]+, true, {columns}, false>", products[0]), products
+                rf"skinny_kernel<[^<>]+, true, {columns}, false, {column_warps}>",
+                products[0]), products
+            splits = [name for name in names if "sum_splits_kernel" in name]
+            if k <= 1024:  # K left whole
+                assert not splits, (m, n, k, names)
+            elif n <= 136:  # 2-5 blocks and a long K: split
+                assert splits, (m, n, k, names)
             if k % 8 == 0:  # x's rows 16-byte aligned: no copy of x either
                 assert all("skinny_kernel" in name or "sum_splits_kernel" in name
                            for name in names), names
@@ -574,8 +584,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
     rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
-    (skinny_short_rows) where chunks x token tiles are at most 8 or k <= 64, and at 17-64
-    tokens rows of k <= 128 while its 16-row blocks fit at once. Above them skinny_gemv, where
+    (skinny_short_rows) where chunks x token tiles are at most 8 or k <= 64, or past 16 (in
+    passes) on rows of k <= 128 with at most 64 rows per SM; and at 17-64 tokens rows of
+    k <= 128 while its 16-row blocks fit at once. Above them skinny_gemv, where
     gemv_takes says so."""
     names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
     if "skinny_gemv" in names and gemv_takes(m, n, k, dtype):
@@ -590,8 +601,10 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         return "skinny"
     if dtype == torch.float32:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
-    if m > 8 and skinny_short_rows(m, n, k) and (short_rows_fragments(m, k) <= 8 or k <= 64):
-        return "skinny"
+    if m > 8 and skinny_short_rows(m, n, k):
+        fragments = short_rows_fragments(m, k)
+        if fragments <= 8 or k <= 64 or (fragments > 16 and k <= 128 and n <= 64 * sm_count()):
+            return "skinny"
     small_weight = n * k * dtype.itemsize < 64 * 2**20
     one_wave = rung10_blocks_fit_at_once(n)
     if small_weight and (m <= 8 or (one_wave and (m <= 16 or k <= 128))):
@@ -617,7 +630,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (16, 4096, 128), (24, 16384, 128), (48, 14336, 64),
                                      (16, 16384, 256), (64, 6400, 64), (32, 4096, 64),
                                      (48, 2048, 128), (64, 4096, 32), (24, 6144, 64),
-                                     (40, 4096, 129), (17, 4224, 128), (17, 4225, 128)])
+                                     (40, 4096, 129), (17, 4224, 128), (17, 4225, 128),
+                                     (33, 4500, 96), (64, 8448, 128), (64, 8449, 128),
+                                     (40, 10240, 128), (32, 6144, 128), (40, 6144, 129)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

@@ -32,8 +32,9 @@
 // Other layouts: x that is not a row-major, 16-byte aligned matrix is first copied into one (it is
 // small); w with another alignment is read element by element; a 16-bit weight stored row-major
 // [K, N] (b itself, x @ w) is read in place, its fragments transposed in registers (`movmatrix`,
-// see skinny_kernel), in blocks of 32 columns up to 32 tokens where its rows are 16-byte aligned;
-// any other b that is not w.t()-shaped (K-contiguous), float32 row-major
+// see skinny_kernel), in blocks of 32 columns up to 32 tokens where its rows are 16-byte aligned
+// (from 33 tokens on K >= 4096, of two 16-column warp groups where they are 8-byte aligned), its
+// K left whole up to 1024; any other b that is not w.t()-shaped (K-contiguous), float32 row-major
 // included, is copied into that layout first. A bmm batch of such products runs in one launch,
 // its entries the grid's third dimension (skinny_batched).
 #include "common.cuh"
@@ -68,6 +69,20 @@ constexpr int kRows = 16;  // output columns (rows of w) of a block
 // columns (N_TILES = 2 in skinny_kernel). With 6 or 8 tiles the warps' sums would take over the
 // 48 KB of static shared memory (and 8 spilled registers), so those keep 16 columns.
 constexpr int kMaxWideTiles = 4;
+// A row-major weight's K up to which K is not split: a split in two of such a K costs its adding
+// pass more than it gains. On an H200 (CUDA graphs, weights rotated past L2, bf16; batches of 32
+// entries of [1024, 64] and [1024, 128] values at 1-64 tokens, single [1024, 1024] and
+// [1024, 2048] weights at 1, 16, 48 and 64) unsplit ran at 0.62-1.13x of torch.bmm / torch.mm,
+// split in two at 0.61-1.08x: ahead in 22 of 26 cases, level in 3, 6% behind in one ([1024, 64]
+// at 24 tokens, where 64 blocks leave half the SMs idle). Longer K keeps its splits: where the
+// blocks are few, 4 or 8 splits of 512 k ran 1.01-1.36 times as fast as 2 or 4 of 1024 (K of
+// 2048 and 4096).
+constexpr int64_t kMaxUnsplitRowMajorK = 1024;
+// Row-major weights of at least this K at 33-64 tokens (16-column blocks) take two warps side by
+// side along N in a block (COLUMN_WARPS in skinny_kernel). Shorter K lost with them (0.54-0.57x
+// of torch.bmm against 0.62-0.74x on 32 x [1024, 128] at 40-64 tokens): half the blocks, with K
+// too short to split again, fill half the SMs' warp slots.
+constexpr int64_t kMinColumnWarpsK = 4096;
 
 // The k extent of a step for dtype T, TILES groups of 8 tokens and N_TILES groups of 16 output
 // columns. A chunk is the k covered by one 16-byte vector on each of the four lanes of a fragment
@@ -182,10 +197,20 @@ __device__ __forceinline__ int a_row_of_column(int c) {
 // before, and each x vector serves twice the columns.
 // BATCHED: entry blockIdx.z of a batch (a kernel of its own, so that a single product's kernels
 // keep their registers).
+// COLUMN_WARPS: the block's warps stand that many side by side along N, each owning C columns,
+// and the warps of one column group split K as all of them do otherwise. At 33-64 tokens a
+// 16-column block re-reads all of x, whose bytes (64 tokens x K) are half those of a 128-column
+// weight's; with two column groups a block's warps of one k step read the same x vectors, the
+// second from L1, and half as many blocks read x from L2. On an H200 (CUDA graphs, weights
+// rotated past L2, bf16; row-major weights of K 4096 and 8192 at 40-64 tokens: batches of 32 x
+// [4096, 128] and [4096, 64] values, 8 x [8192, 128], 8 x [4096, 1024], single [4096, 4096] and
+// [4096, 1024]) two column groups ran at 0.49-1.02x of torch.bmm / torch.mm against 0.44-1.04x,
+// 1.01-1.26 times as fast in 9 of 13 cases and within 2% behind in the rest.
 template <typename T, int TILES, bool W_VECTOR, bool N_MAJOR = false, int N_TILES = 1,
-          bool BATCHED = false>
+          bool BATCHED = false, int COLUMN_WARPS = 1>
 __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny::Problem<T> p) {
   static_assert(!N_MAJOR || sizeof(T) == 2, "movmatrix moves 16-bit elements");
+  static_assert(kWarps % COLUMN_WARPS == 0, "the warps of a column group split K alike");
   static_assert(N_TILES == 1 || N_MAJOR, "a K-contiguous block owns 16 columns");
   if constexpr (BATCHED) p = skinny::entry_of_batch(p);
   using E = Bits<T>;
@@ -200,9 +225,12 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
   using Quad = std::conditional_t<N_TILES == 2, uint4, uint2>;
   constexpr int kQuadColumns = sizeof(Quad) / sizeof(E);
 
+  constexpr int kKWarps = kWarps / COLUMN_WARPS;  // warps that split K for one column group
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int g = lane / 4, t = lane % 4;
-  const int n0 = blockIdx.x * kColumns;
+  const int column_warp = warp % COLUMN_WARPS, k_warp = warp / COLUMN_WARPS;
+  const int block_n0 = blockIdx.x * kColumns * COLUMN_WARPS;
+  const int n0 = block_n0 + column_warp * kColumns;
   const int k_begin = static_cast<int>(blockIdx.y * p.k_per_block);  // below K, an int
   const int k_end = static_cast<int>(min(static_cast<int64_t>(p.K), k_begin + p.k_per_block));
 
@@ -402,11 +430,13 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
   hopper::wait_for_previous_grid();
   hopper::allow_next_grid();
 #endif
-  int64_t k0 = k_begin + warp * kStep;  // 64-bit: the last increment may pass 2^31
+  int64_t k0 = k_begin + k_warp * kStep;  // 64-bit: the last increment may pass 2^31
   if constexpr (kKeepLoadsTogether) {
-    for (; k0 < k_end; k0 += kWarps * kStep) step(k0, std::false_type{});
+    for (; k0 < k_end; k0 += kKWarps * kStep) step(k0, std::false_type{});
   } else {
-    for (; k0 + kStep <= k_end; k0 += kWarps * kStep) step(static_cast<int>(k0), std::true_type{});
+    for (; k0 + kStep <= k_end; k0 += kKWarps * kStep) {
+      step(static_cast<int>(k0), std::true_type{});
+    }
     if (k0 < k_end) step(k0, std::false_type{});
   }
 
@@ -424,14 +454,16 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < TILES * 8 * kColumns; e += kThreads) {
-    const int m = e / kColumns, c = e % kColumns, n = n0 + c;
+  constexpr int kBlockColumns = kColumns * COLUMN_WARPS;
+  for (int e = threadIdx.x; e < TILES * 8 * kBlockColumns; e += kThreads) {
+    const int m = e / kBlockColumns, n = block_n0 + e % kBlockColumns;
+    const int group = e % kBlockColumns / kColumns, c = e % kColumns;
     if (m >= p.M || n >= p.N) continue;
     // The A operand's row, after those of the column groups before it.
     const int row = N_MAJOR ? kRows * (c % kQuadColumns / 4) + a_row_of_column<kQuadColumns>(c) : c;
     float sum = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) sum += sums[w][m][row];
+    for (int w = 0; w < kKWarps; ++w) sum += sums[w * COLUMN_WARPS + group][m][row];
     skinny::store_sum(p, m, n, sum);
   }
 }
@@ -610,20 +642,22 @@ bool short_rows_take(const at::Tensor& x, const at::Tensor& w, int64_t ldw,
 
 // f(std::integral_constant<int, P>): the passes P of ALL_PASSES (1, 2 or 4) that a block of
 // short_rows_kernel takes, the rest spread over block rows. Spread as far as the blocks (`blocks`
-// of one pass) still fit on the GPU at once (`resident` blocks): each block then loads its weight
+// of one pass) still fit on the GPU at once (`resident()` blocks, asked only where passes could
+// spread: a single pass, as at 1-8 tokens, needs no occupancy lookup): each block then loads its weight
 // rows again, mostly from L2 where the blocks sharing them run together. A warp owns 16 rows past
 // 16 fragments, so a few thousand rows are few warps to an SM, each taking its passes one after
 // another. On an H200 (CUDA graphs, weights rotated past L2, bf16; 4500-10240 rows of 128 and 256
 // elements at 40-64 tokens, and 4 x [1536, 256] at 64) spread passes ran at 0.65-1.50x of
 // torch.mm / torch.bmm, every pass in one block at 0.50-1.16x, skinny_kernel at 0.55-1.36x;
 // spread within 2% of skinny_kernel or ahead in every case (decode.md, "Short rows in passes").
-template <int ALL_PASSES, typename F>
-void with_passes_per_block(int64_t blocks, int64_t resident, F&& f) {
+template <int ALL_PASSES, typename Resident, typename F>
+void with_passes_per_block(int64_t blocks, Resident&& resident, F&& f) {
   if constexpr (ALL_PASSES >= 2) {
-    if (blocks * ALL_PASSES <= resident) return f(std::integral_constant<int, 1>{});
-  }
-  if constexpr (ALL_PASSES == 4) {
-    if (blocks * 2 <= resident) return f(std::integral_constant<int, 2>{});
+    const int64_t fit = resident();
+    if (blocks * ALL_PASSES <= fit) return f(std::integral_constant<int, 1>{});
+    if constexpr (ALL_PASSES == 4) {
+      if (blocks * 2 <= fit) return f(std::integral_constant<int, 2>{});
+    }
   }
   f(std::integral_constant<int, ALL_PASSES>{});
 }
@@ -646,10 +680,11 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
       dispatch_bools(
           [&](auto batched_c) {
             constexpr bool kBatched = decltype(batched_c)::value;
-            const int64_t resident =
-                resident_blocks_per_sm(short_rows_kernel<T, kChunks, kTiles, kBatched, 1>,
-                                       32 * kShortWarps, 0) *
-                int64_t{device_info_for(x.device())->multiProcessorCount};
+            const auto resident = [&] {
+              return resident_blocks_per_sm(short_rows_kernel<T, kChunks, kTiles, kBatched, 1>,
+                                            32 * kShortWarps, 0) *
+                     int64_t{device_info_for(x.device())->multiProcessorCount};
+            };
             with_passes_per_block<kAllPasses>(blocks * batch.entries, resident, [&](auto per_c) {
               constexpr int kPasses = decltype(per_c)::value;
               const KernelLaunch launch(
@@ -669,15 +704,17 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
 // K over blocks when N alone gives fewer blocks than SMs, and then the pass that adds the splits.
 // A batch's entries (x, w and out then entry 0's) are the grid's third dimension; K is split
 // where all their blocks together are fewer than SMs.
-template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1>
+template <typename T, int TILES, bool N_MAJOR, int N_TILES = 1, int COLUMN_WARPS = 1>
 void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_t ldw,
                    at::Tensor& out, const skinny::Batch& batch) {
   constexpr int kStep = StepShape<T, TILES, N_TILES>::kStep;
   const int64_t K = x.size(1), N = out.size(1);
-  const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES));
-  const skinny::SplitProduct<T> product(
-      {x, ldx}, {w, ldw}, out,
-      skinny::split_for(batch, blocks, K, kStep, static_cast<int64_t>(kStep) * kWarps), batch);
+  const int blocks = static_cast<int>(ceil_div(N, kRows * N_TILES * COLUMN_WARPS));
+  const int64_t min_k = N_MAJOR && K <= kMaxUnsplitRowMajorK
+                            ? std::max<int64_t>(K, 1)  // one split
+                            : static_cast<int64_t>(kStep) * (kWarps / COLUMN_WARPS);
+  const skinny::SplitProduct<T> product({x, ldx}, {w, ldw}, out,
+                                        skinny::split_for(batch, blocks, K, kStep, min_k), batch);
   // 16-bit inputs from 9 tokens launch early (a programmatic dependent launch): the blocks start
   // while the kernel before them finishes and wait for it in the kernel. Launched back to back on
   // a stream, a stand-alone copy (H100, bf16, 16-64 tokens) ran 1.02-1.05 times as fast so on a
@@ -700,7 +737,11 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
   const bool batched = batch.entries > 1;
   if constexpr (N_TILES == 2) {  // rows 16-byte aligned (above)
     dispatch_bools([&](auto batched_c) {
-      run(skinny_kernel<T, TILES, true, true, 2, decltype(batched_c)::value>);
+      run(skinny_kernel<T, TILES, true, true, 2, decltype(batched_c)::value, COLUMN_WARPS>);
+    }, batched);
+  } else if constexpr (COLUMN_WARPS > 1) {  // rows 8-byte aligned (launch_for_tokens)
+    dispatch_bools([&](auto batched_c) {
+      run(skinny_kernel<T, TILES, true, true, 1, decltype(batched_c)::value, COLUMN_WARPS>);
     }, batched);
   } else {
     const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw, batch)
@@ -732,6 +773,11 @@ void launch_for_tokens(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
     if constexpr (N_MAJOR && kTiles <= kMaxWideTiles) {
       if (skinny::rows_aligned<T>(w.data_ptr(), ldw, batch)) {
         return launch_skinny<T, kTiles, true, 2>(x, ldx, w, ldw, out, batch);
+      }
+    }
+    if constexpr (N_MAJOR && kTiles > kMaxWideTiles) {
+      if (x.size(1) >= kMinColumnWarpsK && skinny::rows_aligned<T, 8>(w.data_ptr(), ldw, batch)) {
+        return launch_skinny<T, kTiles, true, 1, 2>(x, ldx, w, ldw, out, batch);
       }
     }
     launch_skinny<T, kTiles, N_MAJOR>(x, ldx, w, ldw, out, batch);

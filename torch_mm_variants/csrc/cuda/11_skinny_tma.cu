@@ -656,10 +656,14 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // chunks x tiles are at most 8, or at 16 on rows of at most 64 elements: on an H200 this rung
   // ran 16384 x 128 at 24-32 tokens at 1.08-1.11x of torch.mm (short rows 1.06-1.09x) and
   // 16384 x 256 at 16 at 1.05-1.06x (1.01-1.02x), but 14336 x 64 at 48-64 at 0.85-0.88x (short
-  // rows 1.03-1.05x).
-  if (M > 8 && !skinny::row_major(b) && skinny::short_rows_fit(M, K, N, sms) &&
-      (skinny::short_rows_fragments(M, K) <= 8 || K <= 64)) {
-    return true;
+  // rows 1.03-1.05x). Also in passes (past 16 fragments: 33-64 tokens) on rows of at most 128
+  // elements, while there are at most 64 rows per SM: there (H200, 4500-8192 rows of 128 at 33,
+  // 40, 48, 56 and 64 tokens) it ran at 1.01-1.45x of torch.mm against this rung's 0.94-1.34x,
+  // ahead in 19 of 20 cases; at 10240 rows the two were level (0.97-1.04x).
+  if (M > 8 && !skinny::row_major(b) && skinny::short_rows_fit(M, K, N, sms)) {
+    const int64_t fragments = skinny::short_rows_fragments(M, K);
+    if (fragments <= 8 || K <= 64) return true;
+    if (fragments > skinny::kShortMaxFragments && K <= 128 && N <= 64 * sms) return true;
   }
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   // Where rung 10's 16-row blocks fit on the GPU at once (two per SM): up to 16 tokens, and up
