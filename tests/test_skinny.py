@@ -349,7 +349,8 @@ def test_short_rows_on_tensor_cores(dtype):
             names = product_kernels(lambda: mmv.matmul(a, b, "skinny"))
             short = offset == 0 and skinny_short_rows(m, n * entries, k)
             batched = str(entries > 1).lower()
-            kernel = (rf"short_rows_kernel<{short_rows_layout(m, k)}, {batched}, \d>\(" if short
+            layout = short_rows_layout(m, k)  # then PASSES, SPREAD
+            kernel = (rf"short_rows_kernel<{layout}, {batched}, \d, (true|false)>\(" if short
                       else rf"skinny_kernel<.*, {batched}, 1>\(")  # BATCHED, COLUMN_WARPS
             assert len(names) == 1 and re.search(kernel, names[0]), (m, k, n, entries, names)
             check_against_float64(a, b, "skinny")

@@ -534,7 +534,7 @@ __device__ __forceinline__ void load_token_tiles(const skinny::Problem<T>& p, in
 // where all the tiles would hold more than 16 x vectors a lane; block row blockIdx.y takes passes
 // blockIdx.y * PASSES onwards (launch_short_rows spreads the passes over blocks where the GPU is
 // otherwise short of warps).
-template <typename T, int CHUNKS, int TILES, bool BATCHED, int PASSES = 1>
+template <typename T, int CHUNKS, int TILES, bool BATCHED, int PASSES = 1, bool SPREAD = false>
 __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Problem<T> p) {
   static_assert(sizeof(T) == 2, "16-bit MMAs take a chunk's vector in two k slices");
   static_assert(CHUNKS * TILES <= skinny::kShortMaxFragments, "x fragments of <= 16 vectors");
@@ -548,7 +548,11 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
   const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * kShortWarps + warp) * kGroups * kRows;
   // As in skinny_kernel: rows past N read the last one, for outputs never stored.
   uint4 xv[CHUNKS][TILES], wv[kGroups][2][CHUNKS];
-  load_token_tiles(p, 8 * TILES * static_cast<int>(blockIdx.y) * PASSES, g, t, xv);
+  // Where no block row takes other passes (SPREAD off), the first token is a constant: read from
+  // blockIdx.y, it took 134 registers instead of 100 in the batched kernel of 2 chunks in 8 tiles
+  // (one block fewer an SM).
+  const int first_pass = SPREAD ? static_cast<int>(blockIdx.y) * PASSES : 0;
+  load_token_tiles(p, 8 * TILES * first_pass, g, t, xv);
 #pragma unroll
   for (int r = 0; r < kGroups; ++r) {
 #pragma unroll
@@ -563,7 +567,7 @@ __global__ void __launch_bounds__(32 * kShortWarps) short_rows_kernel(skinny::Pr
   }
 #pragma unroll
   for (int pass = 0; pass < PASSES; ++pass) {
-    const int token0 = 8 * TILES * (static_cast<int>(blockIdx.y) * PASSES + pass);
+    const int token0 = 8 * TILES * (first_pass + pass);
     if (pass > 0) {
       if (token0 >= p.M) return;
       load_token_tiles(p, token0, g, t, xv);
@@ -643,13 +647,13 @@ bool short_rows_take(const at::Tensor& x, const at::Tensor& w, int64_t ldw,
 // f(std::integral_constant<int, P>): the passes P of ALL_PASSES (1, 2 or 4) that a block of
 // short_rows_kernel takes, the rest spread over block rows. Spread as far as the blocks (`blocks`
 // of one pass) still fit on the GPU at once (`resident()` blocks, asked only where passes could
-// spread: a single pass, as at 1-8 tokens, needs no occupancy lookup): each block then loads its weight
-// rows again, mostly from L2 where the blocks sharing them run together. A warp owns 16 rows past
-// 16 fragments, so a few thousand rows are few warps to an SM, each taking its passes one after
-// another. On an H200 (CUDA graphs, weights rotated past L2, bf16; 4500-10240 rows of 128 and 256
-// elements at 40-64 tokens, and 4 x [1536, 256] at 64) spread passes ran at 0.65-1.50x of
-// torch.mm / torch.bmm, every pass in one block at 0.50-1.16x, skinny_kernel at 0.55-1.36x;
-// spread within 2% of skinny_kernel or ahead in every case (decode.md, "Short rows in passes").
+// spread: a single pass, as at 1-8 tokens, needs no occupancy lookup): each block then loads its
+// weight rows again, mostly from L2 where the blocks sharing them run together. A warp owns 16 rows
+// past 16 fragments, so a few thousand rows are few warps to an SM, each taking its passes one
+// after another. On an H200 (CUDA graphs, weights rotated past L2, bf16; 4500-10240 rows of 128 and
+// 256 elements at 40-64 tokens, and 4 x [1536, 256] at 64) spread passes ran at 0.65-1.50x of
+// torch.mm / torch.bmm, every pass in one block at 0.50-1.16x, skinny_kernel at 0.55-1.36x; spread
+// within 2% of skinny_kernel or ahead in every case (decode.md, "Short rows in passes").
 template <int ALL_PASSES, typename Resident, typename F>
 void with_passes_per_block(int64_t blocks, Resident&& resident, F&& f) {
   if constexpr (ALL_PASSES >= 2) {
@@ -681,9 +685,14 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
           [&](auto batched_c) {
             constexpr bool kBatched = decltype(batched_c)::value;
             const auto resident = [&] {
-              return resident_blocks_per_sm(short_rows_kernel<T, kChunks, kTiles, kBatched, 1>,
-                                            32 * kShortWarps, 0) *
-                     int64_t{device_info_for(x.device())->multiProcessorCount};
+              int64_t fit = 0;  // one pass: not asked, and no spread kernel built
+              if constexpr (kAllPasses >= 2) {
+                fit = resident_blocks_per_sm(
+                          short_rows_kernel<T, kChunks, kTiles, kBatched, 1, true>,
+                          32 * kShortWarps, 0) *
+                      int64_t{device_info_for(x.device())->multiProcessorCount};
+              }
+              return fit;
             };
             with_passes_per_block<kAllPasses>(blocks * batch.entries, resident, [&](auto per_c) {
               constexpr int kPasses = decltype(per_c)::value;
@@ -691,7 +700,9 @@ void launch_short_rows(const at::Tensor& x, int64_t ldx, const at::Tensor& w, in
                   skinny::grid_of(blocks, static_cast<int>(ceil_div(passes, int64_t{kPasses})),
                                   batch),
                   32 * kShortWarps, 0);
-              launch.run(short_rows_kernel<T, kChunks, kTiles, kBatched, kPasses>,
+              // Fewer passes than all: block rows take the rest (SPREAD).
+              launch.run(short_rows_kernel<T, kChunks, kTiles, kBatched, kPasses,
+                                           (kPasses < kAllPasses)>,
                          product.problem());
             });
           },
