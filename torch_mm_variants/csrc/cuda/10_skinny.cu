@@ -200,8 +200,8 @@ __device__ __forceinline__ int a_row_of_column(int c) {
 // COLUMN_WARPS: the block's warps stand that many side by side along N, each owning C columns,
 // and the warps of one column group split K as all of them do otherwise. At 33-64 tokens a
 // 16-column block re-reads all of x, whose bytes (64 tokens x K) are half those of a 128-column
-// weight's; with two column groups a block's warps of one k step read the same x vectors, the
-// second from L1, and half as many blocks read x from L2. On an H200 (CUDA graphs, weights
+// weight's; with two column groups a block's warps of one k step read the same x vectors (the
+// second may find them in L1), and half as many blocks read x. On an H200 (CUDA graphs, weights
 // rotated past L2, bf16; row-major weights of K 4096 and 8192 at 40-64 tokens: batches of 32 x
 // [4096, 128] and [4096, 64] values, 8 x [8192, 128], 8 x [4096, 1024], single [4096, 4096] and
 // [4096, 1024]) two column groups ran at 0.49-1.02x of torch.bmm / torch.mm against 0.44-1.04x,
