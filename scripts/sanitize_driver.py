@@ -46,8 +46,9 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # entries below, 4 on the next; its short-K kernel (at least 48 rows per SM) with 8, 16 and 32 lanes
 # to a row over the next four shapes' dtypes, at 5-8 tokens on the two after them, and batched on
 # the batch of 64 entries below, whose row-major entries' lines (all together) also take blocks of
-# 16 warps (float32) and 32 (16 bits). The batch of 8 entries of 128 columns below splits K over all
-# its entries' blocks (skinny and skinny_gemv).
+# 16 warps (float32) and 32 (16 bits); 9-16 tokens in two launches, 8 tokens and the rest, K split
+# (12 x 300 x 2100, and the batch of 3 entries of 13 tokens). The batch of 8 entries of 128 columns
+# below splits K over all its entries' blocks (skinny and skinny_gemv).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64),
                             (5, 1000, 96), (16, 6400, 64), (24, 6400, 128),
                             (48, 4500, 128), (64, 4500, 256), (40, 4500, 256), (64, 9000, 256),
@@ -55,7 +56,7 @@ EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 
                 "skinny_gemv": [(2, 33, 4100), (4, 200, 9000), (8, 300, 2100), (1, 4100, 1000),
                                 (2, 6000, 700), (1, 12000, 264), (4, 2000, 1100),
                                 (1, 7000, 100), (3, 6400, 33), (4, 6337, 128), (2, 6400, 20),
-                                (6, 6500, 64), (8, 6400, 60)],
+                                (6, 6500, 64), (8, 6400, 60), (12, 300, 2100)],
                 "skinny_tma": [(64, 4096, 4096), (20, 136, 1000)],
                 "wgmma": [(136, 264, 4100), (200, 1024, 4104), (296, 264, 8200), (256, 1000, 8200),
                           (129, 17000, 4104), (300, 7680, 136), (704, 4104, 1000),
@@ -66,7 +67,7 @@ DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloa
 # Batches (mm_variants::bmm), for the algorithms that run a whole one in a launch: (B, M, N, K),
 # with a and b as (layout of a, layout of b) in BATCH_LAYOUTS.
 BATCH_SHAPES = [(3, 7, 5, 3), (3, 2, 150, 700), (3, 33, 17, 65), (2, 64, 70, 300),
-                (40, 1, 100, 130), (64, 2, 100, 64), (8, 1, 128, 4096)]
+                (40, 1, 100, 130), (64, 2, 100, 64), (8, 1, 128, 4096), (3, 13, 100, 700)]
 # "gap": entries one element further apart than their size, so that only entry 0 is 16-byte
 # aligned; "shared": one 2-D b for every entry, against an a whose entries do not fold into one
 # matrix (column-major), so that the batch runs as a batch.

@@ -60,6 +60,31 @@ def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
     return -(-k // (16 // dtype.itemsize)) <= 32 and tokens_fit and rows >= 48 * sm_count()
 
 
+def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
+               tma_reads_it: bool = False, entries: int = 1) -> bool:
+    """Where `auto` takes skinny_gemv (a GPU that lists it) for `entries` products (a batch).
+    float32: up to 2 tokens; up to 4 on nn.Linear weights; on row-major weights that skinny_tma
+    reads in place, up to 8 where they have up to 4096 columns, and at 9-16 tokens (two groups
+    of at most 8) in batches of entries under 16 MB; on row-major weights it does not read (which
+    the rungs below copy or load element by element), up to 16. 16 bits: nn.Linear weights of 4
+    to 16 rows per SM and K >= 1024, at 1-2 tokens; float32 also on nn.Linear weights its short-K
+    kernel takes (gemv_short_k). Other products stay on the rungs below."""
+    if dtype != torch.float32:
+        sms = sm_count()
+        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
+    if not row_major and gemv_short_k(m, n, k, dtype):
+        return True
+    if m > 16:
+        return False
+    if row_major and not tma_reads_it:
+        return True
+    if m > 8:  # p @ v: entries below 16 MB, which rung 11 would run one by one
+        return row_major and entries > 1 and n * k * 4 < 16 << 20
+    if m <= 2:
+        return True
+    return n <= 4096 if row_major else m <= 4
+
+
 def skinny_short_rows(m: int, rows: int, k: int) -> bool:
     """Where skinny runs 16-bit K-contiguous rows (16-byte aligned) of m tokens over `rows` weight
     rows (N, times a batch's entries) in its short-rows kernel: k <= 256 at 1-8 tokens, or up to

@@ -9,9 +9,9 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params, assert_gradients_match,
-                      capture_graph, check_bmm, devices, gemv_short_k, gpu_available,
+                      capture_graph, check_bmm, devices, gemv_short_k, gemv_takes, gpu_available,
                       product_kernels, random_matrix, relative_error, skinny_short_rows, sm_count,
-                      split_kernels)
+                      sm90a_available, split_kernels)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -124,10 +124,11 @@ SKINNY_KERNELS = ("skinny_kernel", "short_rows_kernel", "k_major_kernel", "short
 def test_decode_batches_run_in_one_launch(dtype):
     """Batches of a few tokens against each entry's own matrix, as attention's products are at
     decode (q @ k^T with k read K-contiguous, p @ v with v row-major), run in one launch of a
-    skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry, and
-    on float32 q @ k^T where its short-K kernel takes the batch's rows, else rung 10's, whose
-    short-rows kernel takes 16-bit q @ k^T where skinny_short_rows says so), at every count of
-    token tiles, and so inside a CUDA graph."""
+    skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry, on
+    float32 q @ k^T where its short-K kernel takes the batch's rows, and on float32 p @ v at 9-16
+    tokens, a launch for each group of 8; else rung 10's, whose short-rows kernel takes 16-bit
+    q @ k^T where skinny_short_rows says so), at every count of token tiles, and so inside a CUDA
+    graph."""
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
     values = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
@@ -140,10 +141,13 @@ def test_decode_batches_run_in_one_launch(dtype):
             choice, one_entry = mmv.auto_choice(a, b), mmv.auto_choice(a[0], b[0])
             short_rows = (b is not values and dtype == torch.float32
                           and gemv_short_k(m, entries * rows, head, dtype))
-            gemv = one_entry == "skinny_gemv" or short_rows
+            groups = b is values and dtype == torch.float32 and 8 < m <= 16
+            gemv = one_entry == "skinny_gemv" or short_rows or groups
             expected = "skinny_gemv" if gemv else "skinny"
             assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
-            assert len(names) == 1 and any(k in names[0] for k in SKINNY_KERNELS), (m, names)
+            launches = 2 if groups else 1
+            assert len(names) == launches, (m, names)
+            assert all(any(k in name for k in SKINNY_KERNELS) for name in names), (m, names)
             if b is not values and dtype != torch.float32:
                 short = skinny_short_rows(m, entries * rows, head)
                 assert ("short_rows_kernel" in names[0]) == short, (m, names)
@@ -183,22 +187,28 @@ def test_narrow_expert_batches_count_their_rows_together(dtype):
 
 @pytest.mark.cuda
 @needs_skinny
-def test_large_decode_entries_keep_the_choice_for_one_entry():
-    """Entries of 9-64 tokens against matrices of 16 MB or more run entry by entry where auto's
-    choice for one entry is a higher rung than the batched kernel's (rung 11 on Hopper); up to 8
-    tokens, and against smaller matrices, they run batched (bf16: on rung 10)."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_large_decode_entries_keep_the_choice_for_one_entry(dtype):
+    """Entries of 9-64 tokens against row-major matrices of 16 MB or more run entry by entry
+    where auto's choice for one entry is a rung without a batched kernel (rung 11 on Hopper); up
+    to 8 tokens, and against smaller matrices, they run batched: bf16 on rung 10, float32 at 9-16
+    tokens on rung 12 (gemv_takes), a launch for each group of 8 tokens."""
     torch.manual_seed(0)
-    order = mmv.algorithms("cuda")
-    for k, n, m in [(4096, 4096, 8), (4096, 4096, 16), (4096, 1024, 16)]:
-        a = torch.randn(2, m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(2, k, n, device="cuda", dtype=torch.bfloat16)
+    for k, n, m in [(4096, 4096, 8), (4096, 4096, 16), (4096, 1024, 16), (2048, 1024, 16),
+                    (2048, 1024, 24)]:
+        a = torch.randn(2, m, k, device="cuda", dtype=dtype)
+        b = torch.randn(2, k, n, device="cuda", dtype=dtype)
         one_entry = mmv.auto_choice(a[0], b[0])
-        large = m > 8 and k * n * 2 >= 16 << 20
-        per_entry = large and order.index(one_entry) > order.index("skinny")
-        assert mmv.auto_choice(a, b) == (one_entry if per_entry else "skinny"), (k, n, m)
+        large = m > 8 and k * n * dtype.itemsize >= 16 << 20
+        per_entry = large and one_entry == "skinny_tma"
+        gemv = gemv_takes(m, n, k, dtype, row_major=True, tma_reads_it=sm90a_available(),
+                          entries=2)
+        batched = "skinny_gemv" if gemv else "skinny"
+        assert mmv.auto_choice(a, b) == (one_entry if per_entry else batched), (k, n, m)
         one_launch = len(product_kernels(lambda: mmv.matmul(a[0], b[0])))
         launches = len(product_kernels(lambda: mmv.matmul(a, b)))
-        assert launches == (2 * one_launch if per_entry else 1), (k, n, m, launches)
+        batched_launches = 2 if gemv and m > 8 else 1
+        assert launches == (2 * one_launch if per_entry else batched_launches), (k, n, m)
         check_bmm(a, b, "auto")
 
 
@@ -268,12 +278,12 @@ def test_batch_against_a_shared_b_runs_as_one_product(device):
 @pytest.mark.skipif(not gpu_available() or "skinny_gemv" not in mmv.algorithms("cuda"),
                     reason="needs a GPU that lists skinny_gemv")
 def test_named_rung_runs_a_batch_as_one_product_where_it_takes_its_rows():
-    """skinny_gemv takes up to 8 rows: 4 entries of 2 tokens against a shared weight are one
-    product of 8 rows (the weight streamed once, the 2-D product's kernel); 4 entries of 4 tokens
-    run as a batch, in one launch of its batched kernel."""
+    """skinny_gemv takes up to 16 rows: 4 entries of 2 or 4 tokens against a shared weight are
+    one product of 8 or 16 rows (the 2-D product's kernels: one, or one for each group of 8
+    tokens); 4 entries of 5 tokens run as a batch, in one launch of its batched kernel."""
     torch.manual_seed(0)
     w = torch.randn(300, 256, device="cuda")
-    for tokens, one_product in [(2, True), (4, False)]:
+    for tokens, one_product in [(2, True), (4, True), (5, False)]:
         a = torch.randn(4, tokens, 256, device="cuda")
         names = product_kernels(lambda: mmv.matmul(a, w.t(), "skinny_gemv"))
         if one_product:

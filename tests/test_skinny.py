@@ -1,5 +1,5 @@
 """The skinny rungs (LLM decode): `skinny` (mma.sync, sm_80+, M <= 64), on sm_90 builds
-`skinny_tma` (TMA + wgmma, M <= 128), and `skinny_gemv` (CUDA cores, sm_80+, M <= 8). Correctness
+`skinny_tma` (TMA + wgmma, M <= 128), and `skinny_gemv` (CUDA cores, sm_80+, M <= 16). Correctness
 over sizes that cross their weight-row blocks, token tiles and k steps, the four layouts,
 misaligned views, the split-K pass, determinism, CUDA graphs, their refusal of more rows than they
 take, the weight layouts read in place, the SASS of the Hopper one and the `auto` choice."""
@@ -14,7 +14,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, check_bmm, gemv_short_k,
-                      gpu_available, gpu_capability, kernel_sass, launched_kernels,
+                      gemv_takes, gpu_available, gpu_capability, kernel_sass, launched_kernels,
                       product_kernels, random_matrix, rung10_blocks_fit_at_once,
                       short_rows_fragments, skinny_short_rows, sm90a_available, sm_count,
                       tf32_allowed)
@@ -55,8 +55,8 @@ def sizes() -> list[tuple[int, int, int]]:
     """(M, N, K) varying one dimension at a time, plus a few corners. Small N splits K over
     blocks; N >= 2112 (skinny) or 17000 (skinny_tma) gives every SM blocks without a split."""
     # Each side of rung 10's token-tile counts and rung 11's token tiles (rung 10 refuses M > 64),
-    # and of rung 12's token counts (1, 2, 4, 8; it refuses M > 8).
-    ms = [1, 2, 3, 4, 5, 7, 8, 9, 16, 17, 24, 25, 33, 48, 49, 64, 65, 100, 128]
+    # and of rung 12's token counts (1, 2, 4, 8, then groups of 8; it refuses M > 16).
+    ms = [1, 2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 24, 25, 33, 48, 49, 64, 65, 100, 128]
     ns, ks = [1, 7, 33, 65, 129, 1000], [1, 3, 7, 129, 1000, 4097]
     return ([(m, 129, 1000) for m in ms] + [(m, n, 1000) for m in (3, 16) for n in ns]
             + [(7, 129, k) for k in ks]
@@ -150,7 +150,7 @@ def test_cuda_graph_capture(algorithm):
         assert torch.equal(out, mmv.matmul(a, b, algorithm)) and not torch.equal(out, before)
 
 
-MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 8}
+MAX_ROWS = {"skinny": 64, "skinny_tma": 128, "skinny_gemv": 16}
 
 
 def product_or_batch(x: torch.Tensor, w: torch.Tensor):
@@ -165,26 +165,6 @@ def check_against_float64(a: torch.Tensor, b: torch.Tensor, algorithm: str) -> N
         check_bmm(a, b, algorithm)
     else:
         assert_matches_reference(a, b, algorithm)
-
-
-def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
-               tma_reads_it: bool = False) -> bool:
-    """Where `auto` takes skinny_gemv (a GPU that lists it). float32: up to 2 tokens; up to 4 on
-    nn.Linear weights; on row-major weights that skinny_tma reads in place, up to 8 where they
-    have up to 4096 columns; on row-major weights it does not read (which the rungs below copy or
-    load element by element), up to 8. 16 bits: nn.Linear weights of 4 to 16 rows per SM and
-    K >= 1024, at 1-2 tokens; float32 also on nn.Linear weights its short-K kernel takes
-    (gemv_short_k). Other products stay on the rungs below."""
-    if dtype != torch.float32:
-        sms = sm_count()
-        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
-    if not row_major and gemv_short_k(m, n, k, dtype):
-        return True
-    if m > 8:
-        return False
-    if m <= 2 or (row_major and not tma_reads_it):
-        return True
-    return n <= 4096 if row_major else m <= 4
 
 
 def gemv_n_major_warps(m: int, lines: int, sms: int) -> int:
@@ -419,6 +399,31 @@ def test_gemv_reads_both_weight_layouts_in_place(dtype):
             assert_matches_reference(x, w, "skinny_gemv")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("m", [9, 12, 15, 16])
+def test_gemv_runs_9_to_16_tokens_in_groups_of_8(m, dtype):
+    """Past 8 tokens skinny_gemv launches its kernels twice, tokens 0-7 and the rest (as many
+    tokens as the kernel's next power of two), each writing its own rows of out: both weight
+    layouts, rows aligned or one element in, single products and batches (some with K split,
+    where the adding pass follows each launch), each checked against float64."""
+    torch.manual_seed(0)
+    rest = 1 << (m - 9).bit_length()  # the second launch's token count
+    kernel = r"(?:k_major|short_k|n_major)_kernel<[^,]+, (\d+),"
+    for n, k, entries in [(129, 1000, 1), (4100, 264, 1), (72, 136, 6), (130, 1000, 3)]:
+        for row_major, offset in [(False, 0), (False, 1), (True, 0), (True, 1)]:
+            if row_major:
+                b = torch.randn(entries, k, n + offset, device="cuda").to(dtype)[..., offset:]
+            else:
+                b = torch.randn(entries, n, k + offset, device="cuda").to(dtype)[..., offset:].mT
+            a = random_matrix(entries * m, k, dtype, "cuda").view(entries, m, k)
+            if entries == 1:
+                a, b = a[0], b[0]
+            names = product_kernels(lambda: mmv.matmul(a, b, "skinny_gemv"))
+            tokens = [int(re.search(kernel, name).group(1)) for name in names]
+            assert tokens == [8, rest], (n, k, entries, row_major, offset, names)
+            check_against_float64(a, b, "skinny_gemv")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_gemv_row_major_batches_count_lines_together(dtype):
     """A batch of row-major products (p @ v at decode) takes skinny_gemv's blocks of 32, 16 or 8
@@ -541,7 +546,7 @@ def test_auto_and_a_row_major_weight_tma_cannot_read(m, dtype):
     TMA cannot read it in place: 16-bit ones go to skinny, which reads them as they are; float32
     ones, which skinny would first copy K-contiguous, go, once the copy takes longer than the
     product, to tensor_core (through wgmma's refusal on sm_90a), and stay on a skinny rung below
-    that size; up to 8 tokens float32 ones go to skinny_gemv, which reads them in place."""
+    that size; up to 16 tokens float32 ones go to skinny_gemv, which reads them in place."""
     torch.manual_seed(0)
     for n, k in [(4096, 4096), (1024, 4096), (136, 1000), (1024, 1024)]:
         x = random_matrix(m, k, dtype, "cuda")

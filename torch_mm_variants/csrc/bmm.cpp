@@ -95,11 +95,12 @@ bool runs_as_one_product(c10::string_view algorithm, const at::Tensor& rows, con
 // matrices (16 MB) in 111 us where rung 8's batched kernel took 283, and 4 of 64 tokens against
 // 4096 x 4096 in 55 us (bf16) and 163 (float32) where rung 10's batched kernel took 83 and 207. Up
 // to 8 tokens, and below 16 MB (8 bf16 entries of 16 tokens against 4096 x 1024: 28 us batched,
-// 55 entry by entry), the batched kernel was the faster.
+// 55 entry by entry), the batched kernel was the faster. Below that size float32 row-major entries
+// of 9-16 rows (p @ v) go to rung 12, a launch for each group of 8 tokens (its
+// lower_rung_is_faster).
 constexpr int64_t kSmallEntryOutput = int64_t(1) << 21;
 constexpr int64_t kDecodeRows = 64;
 constexpr int64_t kFewTokens = 8;
-constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
 
 }  // namespace
 

@@ -746,13 +746,10 @@ void launch_skinny(const at::Tensor& x, int64_t ldx, const at::Tensor& w, int64_
     launch.run(kernel, product.problem());
   };
   const bool batched = batch.entries > 1;
-  if constexpr (N_TILES == 2) {  // rows 16-byte aligned (above)
+  // Two tiles a lane or column groups: launch_for_tokens takes them where rows are aligned.
+  if constexpr (N_TILES == 2 || COLUMN_WARPS > 1) {
     dispatch_bools([&](auto batched_c) {
-      run(skinny_kernel<T, TILES, true, true, 2, decltype(batched_c)::value, COLUMN_WARPS>);
-    }, batched);
-  } else if constexpr (COLUMN_WARPS > 1) {  // rows 8-byte aligned (launch_for_tokens)
-    dispatch_bools([&](auto batched_c) {
-      run(skinny_kernel<T, TILES, true, true, 1, decltype(batched_c)::value, COLUMN_WARPS>);
+      run(skinny_kernel<T, TILES, true, true, N_TILES, decltype(batched_c)::value, COLUMN_WARPS>);
     }, batched);
   } else {
     const bool w_vector = N_MAJOR ? skinny::rows_aligned<T, 8>(w.data_ptr(), ldw, batch)

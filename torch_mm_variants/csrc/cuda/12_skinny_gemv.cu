@@ -30,6 +30,7 @@
 // - Weight rows not 16-byte aligned are read element by element. x is copied into aligned rows
 //   where it is not (it is small); the weight streams past L1, x stays cached.
 // - A bmm batch runs in one launch, its entries the grid's third dimension (skinny_gemv_batched).
+#include "../matmul.h"
 #include "common.cuh"
 #include "k_splits.cuh"
 #include "launch.cuh"
@@ -53,7 +54,8 @@ using skinny::word;
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kMaxTokens = 8;
+constexpr int kMaxTokens = 8;  // of a kernel
+constexpr int kMaxRows = 2 * kMaxTokens;  // of a product: two launches past kMaxTokens
 // K-contiguous: the weight rows of a block.
 constexpr int kRowsPerBlock = 4;
 // N-contiguous: the lanes that share a 128-byte line of a weight row, the rows of one warp load,
@@ -500,16 +502,24 @@ void launch_n_major(const skinny::Rows& x, const skinny::Rows& w, at::Tensor& ou
       skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, batch), batch.entries > 1);
 }
 
-// The kernel for the tokens of x (M of them), on a weight read N-major or K-contiguous; x, w and
-// out are entry 0's of `batch`.
+// The kernels for the tokens of x (M of them, at most kMaxRows), on a weight read N-major or
+// K-contiguous; x, w and out are entry 0's of `batch`. Past kMaxTokens the tokens go in groups of
+// kMaxTokens, a launch each writing its own rows of out (every entry's out is row-major, N
+// apart), the weight streamed once per group: see lower_rung_is_faster for where that leads.
 template <typename T>
 void launch_gemv(const skinny::Rows& x, const skinny::Rows& w, bool n_major, at::Tensor& out,
                  const skinny::Batch& batch = {}) {
-  dispatch_power_of_two(x.data.size(0), [&](auto tokens_c) {
-    constexpr int kTokens = decltype(tokens_c)::value;
-    if (n_major) return launch_n_major<T, kTokens>(x, w, out, batch);
-    launch_k_major<T, kTokens>(x, w, out, batch);
-  });
+  const int64_t M = x.data.size(0);
+  for (int64_t first = 0; first < M; first += kMaxTokens) {
+    const int64_t tokens = std::min<int64_t>(kMaxTokens, M - first);
+    const skinny::Rows group{x.data.narrow(0, first, tokens), x.ld};
+    at::Tensor group_out = out.narrow(0, first, tokens);
+    dispatch_power_of_two(tokens, [&](auto tokens_c) {
+      constexpr int kTokens = decltype(tokens_c)::value;
+      if (n_major) return launch_n_major<T, kTokens>(group, w, group_out, batch);
+      launch_k_major<T, kTokens>(group, w, group_out, batch);
+    });
+  }
 }
 
 // A weight stored row by row ([K, N], N-contiguous) is read in place; any other layout of b as
@@ -548,10 +558,10 @@ void skinny_gemv_batched(const at::Tensor& a, const at::Tensor& b, at::Tensor& o
   });
 }
 
-bool few_tokens(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxTokens; }
+bool few_tokens(const at::Tensor& a, const at::Tensor&) { return a.size(0) <= kMaxRows; }
 
 constexpr const char* kFewTokensOnly =
-    "it is for one to eight rows of a (LLM decode of a few sequences) and takes M <= 8; use "
+    "it is for one to sixteen rows of a (LLM decode of a few sequences) and takes M <= 16; use "
     "another algorithm (or 'auto') for larger M";
 
 // 16-bit nn.Linear weights that this rung streams faster than rungs 10 and 11 at 1-2 tokens: 4 to
@@ -602,6 +612,18 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b, int64_t entri
 //   short_k_kernel and up to 7.4 times as fast (at 8 tokens; H200, 96 cases, 10_skinny.cu).
 // - float32 products that short_k_takes stay here, at any token count it allows (on `entries`
 //   products in one launch: a bmm batch, a and b one entry each).
+// - 9-16 tokens (a launch for each group of 8, the weight streamed twice): float32 row-major
+//   weights that rung 11 does not read in place, as up to 8 tokens; and batches of float32
+//   row-major entries below kLargeEntryBytes (p @ v at decode), which rung 10 copies K-contiguous
+//   and rung 11 runs entry by entry. In CUDA graphs, values rotated past L2, against torch.bmm
+//   (H100), at 9 / 12 / 16 tokens: 32 x [1024, 128] 1.27x / 1.09x / 0.96x (rung 10, `auto`'s
+//   rung before, 0.47x), 32 x [4096, 128] 1.43x / 1.37x / 1.30x (0.45x), 32 x [1024, 64] and
+//   [4096, 64] 1.49-3.87x (0.77-1.49x), 8 x [1024, 128] 2.76-3.26x (2.0x). Single products stay
+//   on rung 11, which ran 1.2-2.6 times as fast as this rung on 256 to 4096 columns, K = 1024 and
+//   4096. Rows one element in: 0.62-1.27x of torch.mm at 12-16 tokens on 1024 x 1024 to
+//   4096 x 4096, where rung 8 ran at 0.10-0.52x and rung 10 at 0.26-0.51x. 16-bit values stay on
+//   rung 10 (3-4 times as fast as this rung on them), and nn.Linear weights past 8 tokens on the
+//   rungs below (float32 q @ k^T over 32 x [4096, 128] keys: 0.68-0.87x here, 1.01-1.05x there).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
   if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b, entries);
   const int64_t sms = device_info_for(a.device())->multiProcessorCount;
@@ -609,6 +631,9 @@ bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entr
   if (!skinny::row_major(b) && short_k_takes(b.size(0), vector, a.size(0), rows, sms)) return false;
   const bool row_major = skinny::row_major(b);
   if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
+  if (a.size(0) > kMaxTokens) {
+    return !(row_major && entries > 1 && b.numel() * b.element_size() < kLargeEntryBytes);
+  }
   if (a.size(0) <= 2) return false;
   return row_major ? b.size(1) > 4096 : a.size(0) > 4;
 }
