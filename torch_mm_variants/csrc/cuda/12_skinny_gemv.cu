@@ -618,12 +618,17 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b, int64_t entri
 //   and rung 11 runs entry by entry. In CUDA graphs, values rotated past L2, against torch.bmm
 //   (H100), at 9 / 12 / 16 tokens: 32 x [1024, 128] 1.27x / 1.09x / 0.96x (rung 10, `auto`'s
 //   rung before, 0.47x), 32 x [4096, 128] 1.43x / 1.37x / 1.30x (0.45x), 32 x [1024, 64] and
-//   [4096, 64] 1.49-3.87x (0.77-1.49x), 8 x [1024, 128] 2.76-3.26x (2.0x). Single products stay
-//   on rung 11, which ran 1.2-2.6 times as fast as this rung on 256 to 4096 columns, K = 1024 and
-//   4096. Rows one element in: 0.62-1.27x of torch.mm at 12-16 tokens on 1024 x 1024 to
-//   4096 x 4096, where rung 8 ran at 0.10-0.52x and rung 10 at 0.26-0.51x. 16-bit values stay on
-//   rung 10 (3-4 times as fast as this rung on them), and nn.Linear weights past 8 tokens on the
-//   rungs below (float32 q @ k^T over 32 x [4096, 128] keys: 0.68-0.87x here, 1.01-1.05x there).
+//   [4096, 64] 1.49-3.87x (0.77-1.49x), 8 x [1024, 128] 2.76-3.26x (2.0x); 8 x [4096, 512] and
+//   8 x [1024, 2048] (8 MB entries) 1.40-2.69x and 0.83-0.96x, where rung 11 entry by entry ran
+//   at 0.96-1.74x and 0.61-0.73x. Entries of 16 MB keep rung 11 (bmm.cpp's rule): it ran
+//   8 x [1024, 4096] at 0.76-0.78x against this rung's 0.64-0.67x and 4 x [4096, 4096] 1.6 times
+//   as fast; 8 x [4096, 1024] would have run 1.1 times as fast here (0.91-0.93x against
+//   0.82-0.84x). Single products stay on rung 11, 1.1-1.9 times as fast as this rung on 256 to
+//   4096 columns, K = 1024 and 4096. Rows one element in: 0.62-1.27x of torch.mm at 12-16 tokens
+//   on 1024 x 1024 to 4096 x 4096, where rung 8 ran at 0.10-0.52x and rung 10 at 0.26-0.51x.
+//   16-bit values stay on rung 10 (2.5-3.9 times as fast as this rung on them), and nn.Linear
+//   weights past 8 tokens on the rungs below (float32 q @ k^T over 32 x [4096, 128] keys:
+//   0.68-0.87x here, 1.01-1.05x there).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
   if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b, entries);
   const int64_t sms = device_info_for(a.device())->multiProcessorCount;
