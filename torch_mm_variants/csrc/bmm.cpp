@@ -120,8 +120,7 @@ const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view reque
     if (batched == &chosen) return chosen;
     return batched != batched_candidate(a_entry, b_entry, 1) ? *batched : chosen;
   }
-  const bool large_entries = rows > kFewTokens && rows <= kDecodeRows &&
-                             b_entry.numel() * b_entry.element_size() >= kLargeEntryBytes;
+  const bool large_entries = rows > kFewTokens && rows <= kDecodeRows && large_entry(b_entry);
   return large_entries && chosen.rung > batched->rung ? chosen : *batched;
 }
 
