@@ -48,7 +48,9 @@ SHAPES = [(1, 1, 1), (7, 5, 3), (33, 17, 65), (5, 70, 1100), (130, 129, 40), (13
 # the batch of 64 entries below, whose row-major entries' lines (all together) also take blocks of
 # 16 warps (float32) and 32 (16 bits); 9-16 tokens in two launches, 8 tokens and the rest, K split
 # (12 x 300 x 2100, and the batch of 3 entries of 13 tokens). The batch of 8 entries of 128 columns
-# below splits K over all its entries' blocks (skinny and skinny_gemv).
+# below splits K over all its entries' blocks (skinny and skinny_gemv; skinny_tma over clusters).
+# skinny_tma's batched kernel: every batch below (the "gap" ones, which TMA cannot address, in
+# skinny's up to 64 tokens and entry by entry past them: the batch of 100 tokens).
 EXTRA_SHAPES = {"skinny": [(20, 129, 1000), (64, 70, 1100), (8, 1000, 200), (3, 70, 64),
                             (5, 1000, 96), (16, 6400, 64), (24, 6400, 128),
                             (48, 4500, 128), (64, 4500, 256), (40, 4500, 256), (64, 9000, 256),
@@ -67,7 +69,8 @@ DTYPES = {"Float": torch.float32, "Half": torch.float16, "BFloat16": torch.bfloa
 # Batches (mm_variants::bmm), for the algorithms that run a whole one in a launch: (B, M, N, K),
 # with a and b as (layout of a, layout of b) in BATCH_LAYOUTS.
 BATCH_SHAPES = [(3, 7, 5, 3), (3, 2, 150, 700), (3, 33, 17, 65), (2, 64, 70, 300),
-                (40, 1, 100, 130), (64, 2, 100, 64), (8, 1, 128, 4096), (3, 13, 100, 700)]
+                (40, 1, 100, 130), (64, 2, 100, 64), (8, 1, 128, 4096), (3, 13, 100, 700),
+                (3, 100, 64, 520)]
 # "gap": entries one element further apart than their size, so that only entry 0 is 16-byte
 # aligned; "shared": one 2-D b for every entry, against an a whose entries do not fold into one
 # matrix (column-major), so that the batch runs as a batch.

@@ -62,27 +62,45 @@ def gemv_short_k(m: int, rows: int, k: int, dtype: torch.dtype) -> bool:
 
 def gemv_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool = False,
                tma_reads_it: bool = False, entries: int = 1) -> bool:
-    """Where `auto` takes skinny_gemv (a GPU that lists it) for `entries` products (a batch).
+    """Where `auto` takes skinny_gemv (a GPU that lists it) for `entries` products (a batch;
+    tma_reads_it: skinny_tma, on sm_90a, reads the weight in place, 16-byte aligned rows).
     float32: up to 2 tokens; up to 4 on nn.Linear weights; on row-major weights that skinny_tma
-    reads in place, up to 8 where they have up to 4096 columns, and at 9-16 tokens (two groups
-    of at most 8) in batches of entries under 16 MB; on row-major weights it does not read (which
-    the rungs below copy or load element by element), up to 16. 16 bits: nn.Linear weights of 4
-    to 16 rows per SM and K >= 1024, at 1-2 tokens; float32 also on nn.Linear weights its short-K
-    kernel takes (gemv_short_k). Other products stay on the rungs below."""
+    reads in place, up to 8 where they have up to 4096 columns; on row-major weights it does not
+    read (which the rungs below copy or load element by element), up to 16. 16 bits: nn.Linear
+    weights of 4 to 16 rows per SM and K >= 1024, at 1-2 tokens; float32 also on nn.Linear
+    weights its short-K kernel takes (gemv_short_k), but for batches past 4 tokens that
+    skinny_tma reads. A batch counts its entries' rows together (n x entries) for the short-K
+    kernel and in 16 bits. Other products stay on the rungs below."""
+    rows = n * entries
     if dtype != torch.float32:
         sms = sm_count()
-        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= n <= 16 * sms
-    if not row_major and gemv_short_k(m, n, k, dtype):
+        return not row_major and m <= 2 and k >= 1024 and 4 * sms <= rows <= 16 * sms
+    if not row_major and entries > 1 and m > 4 and tma_reads_it:
+        return False  # skinny_tma's batched kernel
+    if not row_major and gemv_short_k(m, rows, k, dtype):
         return True
     if m > 16:
         return False
     if row_major and not tma_reads_it:
         return True
-    if m > 8:  # p @ v: entries below 16 MB, which rung 11 would run one by one
-        return row_major and entries > 1 and n * k * 4 < 16 << 20
+    if m > 8:
+        return False
     if m <= 2:
         return True
     return n <= 4096 if row_major else m <= 4
+
+
+def tma_batch_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool) -> bool:
+    """Where `auto` runs a bmm batch of decode products (up to 64 tokens, TMA-aligned entries,
+    on a GPU that lists skinny_tma) on skinny_tma's batched kernel rather than skinny's, where
+    skinny_gemv does not take it (gemv_takes): float32 always; 16 bits on row-major entries of
+    k >= 512 (p @ v), on K-contiguous ones of k >= 1024 and n >= 256, and past 8 tokens on
+    matrices of 16 MB or more."""
+    if dtype == torch.float32:
+        return True
+    if row_major:
+        return k >= 512
+    return (k >= 1024 and n >= 256) or (m > 8 and n * k * dtype.itemsize >= 16 << 20)
 
 
 def skinny_short_rows(m: int, rows: int, k: int) -> bool:

@@ -9,9 +9,9 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params, assert_gradients_match,
-                      capture_graph, check_bmm, devices, gemv_short_k, gemv_takes, gpu_available,
+                      capture_graph, check_bmm, devices, gemv_takes, gpu_available,
                       product_kernels, random_matrix, relative_error, skinny_short_rows, sm_count,
-                      sm90a_available, split_kernels)
+                      split_kernels, tma_batch_takes)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -113,9 +113,22 @@ needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.alg
                                   reason="needs a GPU that lists skinny")
 
 
-# The kernels of the skinny rungs' batched launches (rungs 10 and 12).
+# The kernels of the skinny rungs' batched launches (rungs 10-12).
 SKINNY_KERNELS = ("skinny_kernel", "short_rows_kernel", "k_major_kernel", "short_k_kernel",
-                  "n_major_kernel")
+                  "n_major_kernel", "skinny_tma_kernel")
+
+
+def expected_decode_batch(a, b, row_major: bool) -> str:
+    """The skinny rung `auto` runs a batch of decode products a [B, M, K] @ b on, as the rungs'
+    rules say (16-byte aligned entries): skinny_gemv where gemv_takes says so, skinny_tma where
+    tma_batch_takes does, else skinny."""
+    entries, m, k = a.shape
+    n = b.shape[-1]
+    tma = "skinny_tma" in mmv.algorithms("cuda")
+    if gemv_takes(m, n, k, a.dtype, row_major, tma_reads_it=tma, entries=entries):
+        return "skinny_gemv"
+    dtype = a.dtype
+    return "skinny_tma" if tma and tma_batch_takes(m, n, k, dtype, row_major) else "skinny"
 
 
 @pytest.mark.cuda
@@ -123,41 +136,38 @@ SKINNY_KERNELS = ("skinny_kernel", "short_rows_kernel", "k_major_kernel", "short
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 def test_decode_batches_run_in_one_launch(dtype):
     """Batches of a few tokens against each entry's own matrix, as attention's products are at
-    decode (q @ k^T with k read K-contiguous, p @ v with v row-major), run in one launch of a
-    skinny rung's batched kernel under auto (rung 12's for float32 where it takes one entry, on
-    float32 q @ k^T where its short-K kernel takes the batch's rows, and on float32 p @ v at 9-16
-    tokens, a launch for each group of 8; else rung 10's, whose short-rows kernel takes 16-bit
-    q @ k^T where skinny_short_rows says so), at every count of token tiles, and so inside a CUDA
-    graph."""
+    decode (q @ k^T with k read K-contiguous, p @ v with v row-major over 300 and 1100 positions),
+    run in one launch of a skinny rung's batched kernel under auto (expected_decode_batch: on
+    sm_90a skinny_tma's for float32 past the tokens skinny_gemv takes, and for 16-bit p @ v over
+    K >= 512; on other GPUs float32 p @ v at 9-16 tokens takes skinny_gemv, a launch for each
+    group of 8), at every count of token tiles, and so inside a CUDA graph. 16-bit q @ k^T takes
+    skinny's short-rows kernel where skinny_short_rows says so."""
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
-    values = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
-    entries, rows, head = keys.shape
-    for m in [1, 2, 3, 8, 9, 17, 33, 64]:
+    values = [torch.randn(24, rows, 128, device="cuda", dtype=dtype) for rows in (300, 1100)]
+    tma = "skinny_tma" in mmv.algorithms("cuda")
+    for m in [1, 2, 3, 5, 8, 9, 17, 33, 64]:
         queries = torch.randn(24, m, 128, device="cuda", dtype=dtype)
-        scores = torch.randn(24, m, 1000, device="cuda", dtype=dtype)
-        for a, b in [(queries, keys.transpose(1, 2)), (scores, values)]:
+        products = [(queries, keys.transpose(1, 2), False)] + [
+            (torch.randn(24, m, v.shape[1], device="cuda", dtype=dtype), v, True) for v in values]
+        for a, b, row_major in products:
             names = product_kernels(lambda: mmv.matmul(a, b))
-            choice, one_entry = mmv.auto_choice(a, b), mmv.auto_choice(a[0], b[0])
-            short_rows = (b is not values and dtype == torch.float32
-                          and gemv_short_k(m, entries * rows, head, dtype))
-            groups = b is values and dtype == torch.float32 and 8 < m <= 16
-            gemv = one_entry == "skinny_gemv" or short_rows or groups
-            expected = "skinny_gemv" if gemv else "skinny"
-            assert choice == expected, (m, mmv.explain_auto(a, b), one_entry)
-            launches = 2 if groups else 1
-            assert len(names) == launches, (m, names)
+            expected = expected_decode_batch(a, b, row_major)
+            assert mmv.auto_choice(a, b) == expected, (m, b.shape, mmv.explain_auto(a, b))
+            groups = expected == "skinny_gemv" and m > 8
+            assert not (groups and tma), (m, b.shape)
+            assert len(names) == (2 if groups else 1), (m, names)
             assert all(any(k in name for k in SKINNY_KERNELS) for name in names), (m, names)
-            if b is not values and dtype != torch.float32:
-                short = skinny_short_rows(m, entries * rows, head)
+            if expected == "skinny" and not row_major and dtype != torch.float32:
+                short = skinny_short_rows(m, 24 * 1000, 128)
                 assert ("short_rows_kernel" in names[0]) == short, (m, names)
             check_bmm(a, b, "auto")
-    a, b = queries, keys.transpose(1, 2)
-    graph, out = capture_graph(lambda: mmv.matmul(a, b))
-    a.copy_(torch.randn_like(a))
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, mmv.matmul(a, b))
+    for a, b, _ in products:
+        graph, out = capture_graph(lambda: mmv.matmul(a, b))
+        a.copy_(torch.randn_like(a))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, mmv.matmul(a, b))
 
 
 @pytest.mark.cuda
@@ -167,7 +177,8 @@ def test_decode_batches_run_in_one_launch(dtype):
 def test_narrow_expert_batches_count_their_rows_together(dtype):
     """16-bit batches of nn.Linear weights (experts) at 1-2 tokens go to skinny_gemv under auto
     where all their entries' rows together are 4-16 per SM and K >= 1024, as a single weight of
-    that many rows does, though one entry alone is too narrow for it; else to skinny."""
+    that many rows does, though one entry alone is too narrow for it; else to skinny (or
+    skinny_tma, where tma_batch_takes says so)."""
     torch.manual_seed(0)
     sms = sm_count()
     for entries, n, k, m in [(8, 128, 4096, 1), (16, 64, 1024, 2), (8, 128, 4096, 3),
@@ -180,7 +191,9 @@ def test_narrow_expert_batches_count_their_rows_together(dtype):
         if not 4 * sms <= n <= 16 * sms:  # one entry alone stays off skinny_gemv
             assert mmv.auto_choice(a[0], w[0].t()) != "skinny_gemv", (entries, n, k, m)
         choice = mmv.auto_choice(a, w.mT)
-        assert choice == ("skinny_gemv" if gemv else "skinny"), (entries, n, k, m, choice)
+        tma = "skinny_tma" in mmv.algorithms("cuda") and tma_batch_takes(m, n, k, dtype, False)
+        expected = "skinny_gemv" if gemv else ("skinny_tma" if tma else "skinny")
+        assert choice == expected, (entries, n, k, m, choice)
         assert len(product_kernels(lambda: mmv.matmul(a, w.mT))) == 1, (entries, n, k, m)
         check_bmm(a, w.mT, "auto")
 
@@ -188,35 +201,73 @@ def test_narrow_expert_batches_count_their_rows_together(dtype):
 @pytest.mark.cuda
 @needs_skinny
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
-def test_large_decode_entries_keep_the_choice_for_one_entry(dtype):
-    """Entries of 9-64 tokens against row-major matrices of 16 MB or more run entry by entry
-    where auto's choice for one entry is a rung without a batched kernel (rung 11 on Hopper); up
-    to 8 tokens, and against smaller matrices, they run batched: bf16 on rung 10, float32 at 9-16
-    tokens on rung 12 (gemv_takes), a launch for each group of 8 tokens."""
+def test_decode_batches_against_large_matrices_run_in_one_launch(dtype):
+    """Entries of 8-24 tokens against matrices of 1024-4096 columns and K of 2048-4096, row-major
+    (p @ v over long contexts) or nn.Linear weights (experts), 8-32 MB each, run in one launch
+    under auto (expected_decode_batch): on sm_90a skinny_tma's batched kernel where it takes them,
+    which a launch per entry took before; elsewhere skinny's or skinny_gemv's (float32 at 9-16
+    tokens a launch for each group of 8)."""
     torch.manual_seed(0)
-    for k, n, m in [(4096, 4096, 8), (4096, 4096, 16), (4096, 1024, 16), (2048, 1024, 16),
-                    (2048, 1024, 24)]:
+    for k, n, m, row_major in [(4096, 4096, 8, True), (4096, 4096, 16, True),
+                               (4096, 1024, 16, True), (2048, 1024, 16, True),
+                               (2048, 1024, 24, True), (4096, 4096, 16, False),
+                               (4096, 2048, 9, False)]:
         a = torch.randn(2, m, k, device="cuda", dtype=dtype)
-        b = torch.randn(2, k, n, device="cuda", dtype=dtype)
-        one_entry = mmv.auto_choice(a[0], b[0])
-        large = m > 8 and k * n * dtype.itemsize >= 16 << 20
-        per_entry = large and one_entry == "skinny_tma"
-        gemv = gemv_takes(m, n, k, dtype, row_major=True, tma_reads_it=sm90a_available(),
-                          entries=2)
-        batched = "skinny_gemv" if gemv else "skinny"
-        assert mmv.auto_choice(a, b) == (one_entry if per_entry else batched), (k, n, m)
-        one_launch = len(product_kernels(lambda: mmv.matmul(a[0], b[0])))
+        b = (torch.randn(2, k, n, device="cuda", dtype=dtype) if row_major else
+             torch.randn(2, n, k, device="cuda", dtype=dtype).mT)
+        expected = expected_decode_batch(a, b, row_major)
+        assert mmv.auto_choice(a, b) == expected, (k, n, m, row_major)
         launches = len(product_kernels(lambda: mmv.matmul(a, b)))
-        batched_launches = 2 if gemv and m > 8 else 1
-        assert launches == (2 * one_launch if per_entry else batched_launches), (k, n, m)
+        assert launches == (2 if expected == "skinny_gemv" and m > 8 else 1), (k, n, m)
         check_bmm(a, b, "auto")
 
 
 @pytest.mark.cuda
+@pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_tma")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_skinny_tma_runs_a_batch_in_one_launch(dtype):
+    """skinny_tma takes a bmm batch in one launch of its kernel, the entries along the grid and
+    along the third dimension of its TMA maps: K-contiguous and row-major entries, a weight the
+    entries share, K split over clusters (two entries of a long K) or not, 1-128 tokens, an
+    entry's edges past N and K (each entry's own zeros). It matches float64, gives the same bits
+    on every run, and replays from a CUDA graph. Entries one element apart, which TMA cannot
+    address, go to skinny's batched kernel up to 64 tokens, and past them entry by entry."""
+    torch.manual_seed(0)
+    randn = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype)  # noqa: E731
+    cases = [(randn(5, 3, 200), randn(5, 72, 200).mT),   # K-contiguous, N and K off the boxes
+             (randn(4, 17, 1030), randn(4, 1030, 136)),  # row-major, p @ v
+             (randn(2, 64, 16384), randn(2, 64, 16384).mT),  # K split over clusters
+             (randn(3, 100, 520), randn(3, 520, 64)),  # past rung 10's 64 tokens
+             (randn(6, 5, 640)[:, :, :320], randn(320, 96)),  # a shared row-major weight
+             (randn(3, 128, 256), randn(1, 256, 40).expand(3, 256, 40))]
+    for a, b in cases:
+        run = lambda: mmv.matmul(a, b, "skinny_tma")  # noqa: E731
+        names = product_kernels(run)
+        assert len(names) == 1 and "skinny_tma_kernel" in names[0], (a.shape, b.shape, names)
+        check_bmm(a, b, "skinny_tma")
+        assert torch.equal(run(), run())
+        graph, out = capture_graph(run)
+        a.copy_(torch.randn_like(a))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, run())
+    gap = batch_operand(3, 520, 64, dtype, "cuda", "gap")  # entry 1 starts one element in
+    for m, expected in [(40, ["skinny"]), (100, ["skinny_tma"] * 3)]:
+        a = randn(3, m, 520)
+        names = product_kernels(lambda: mmv.matmul(a, gap, "skinny_tma"))
+        kernels = ["skinny_tma" if "skinny_tma" in name else "skinny" for name in names]
+        assert kernels == expected, (m, names)
+        check_bmm(a, gap, "skinny_tma")
+
+
+@pytest.mark.cuda
 @needs_skinny
-@pytest.mark.parametrize("algorithm", ["skinny", "skinny_gemv"])
+@pytest.mark.parametrize("algorithm", ["skinny", "skinny_tma", "skinny_gemv"])
 def test_batches_past_the_grids_limit_take_more_launches(algorithm):
-    """gridDim.z takes at most 65535 entries: rungs 10 and 12 launch the rest after them."""
+    """gridDim.z takes at most 65535 entries: rungs 10-12 launch the rest after them."""
+    if algorithm not in mmv.algorithms("cuda"):
+        pytest.skip(f"this GPU does not list {algorithm}")
     torch.manual_seed(0)
     a = torch.randn(65537, 3, 8, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(65537, 8, 5, device="cuda", dtype=torch.bfloat16)

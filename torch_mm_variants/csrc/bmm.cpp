@@ -83,24 +83,15 @@ bool runs_as_one_product(c10::string_view algorithm, const at::Tensor& rows, con
 // entries of 2048 x 2048 and 2-4 of 4096 x 4096 at 0.87-1.08x in wgmma's and 0.59-0.71x batched.
 // Entries of at most kDecodeRows rows (a few tokens each, as attention's products are at decode)
 // run in one launch of the batched rung that auto's heuristic picks among those with a batched
-// kernel (rung 12 or 10), where auto's choice for one entry has none: a launch per entry (rung
-// 11) cost 5-7 us of the host's time each, and ran at 0.02-0.12x of torch.bmm on batches of
-// 32-128 such products on an H200 (decode.md, "Batches of decode products"). Where that choice
-// has a batched kernel, the batch keeps it unless the heuristic, told the count of entries,
-// picks another: rung 12 on the many short rows of q @ k^T in 16 bits, where rung 10 ran at
-// 0.26-0.89x of torch.bmm and rung 12 at 0.66-1.19x (skinny_gemv's short_k_takes).
-// Entries of more than kFewTokens rows (up to kDecodeRows) whose matrix takes kLargeEntryBytes or
-// more keep auto's choice for one entry where that is a higher rung than the batched kernel's: on
-// the H200 rung 11, a launch per entry, ran 8 float32 entries of 16 tokens against 4096 x 1024
-// matrices (16 MB) in 111 us where rung 8's batched kernel took 283, and 4 of 64 tokens against
-// 4096 x 4096 in 55 us (bf16) and 163 (float32) where rung 10's batched kernel took 83 and 207. Up
-// to 8 tokens, and below 16 MB (8 bf16 entries of 16 tokens against 4096 x 1024: 28 us batched,
-// 55 entry by entry), the batched kernel was the faster. Below that size float32 row-major entries
-// of 9-16 rows (p @ v) go to rung 12, a launch for each group of 8 tokens (its
-// lower_rung_is_faster).
+// kernel (rungs 10-12), where auto's choice for one entry has none: a launch per entry cost 5-7
+// us of the host's time each, and ran at 0.02-0.12x of torch.bmm on batches of 32-128 such
+// products on an H200 (decode.md, "Batches of decode products"). Where that choice has a batched
+// kernel, the batch keeps it unless the heuristic, told the count of entries, picks another: rung
+// 12 on the many short rows of q @ k^T in 16 bits, where rung 10 ran at 0.26-0.89x of torch.bmm
+// and rung 12 at 0.66-1.19x (skinny_gemv's short_k_takes), or rung 10 where rung 11 defers a
+// batch to it (skinny_tma's batch_goes_lower).
 constexpr int64_t kSmallEntryOutput = int64_t(1) << 21;
 constexpr int64_t kDecodeRows = 64;
-constexpr int64_t kFewTokens = 8;
 
 }  // namespace
 
@@ -114,14 +105,11 @@ const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view reque
   }
   const Algorithm* batched = batched_candidate(a_entry, b_entry, batch);
   if (batched == nullptr) return chosen;
-  if (chosen.run_batched != nullptr) {
-    // Kept, but where the entries together lead the heuristic elsewhere than one entry does
-    // (asked only where the batch's pick differs from it: the second scan costs host time).
-    if (batched == &chosen) return chosen;
-    return batched != batched_candidate(a_entry, b_entry, 1) ? *batched : chosen;
-  }
-  const bool large_entries = rows > kFewTokens && rows <= kDecodeRows && large_entry(b_entry);
-  return large_entries && chosen.rung > batched->rung ? chosen : *batched;
+  if (chosen.run_batched == nullptr) return *batched;
+  // Kept, but where the entries together lead the heuristic elsewhere than one entry does (asked
+  // only where the batch's pick differs from it: the second scan costs host time).
+  if (batched == &chosen) return chosen;
+  return batched != batched_candidate(a_entry, b_entry, 1) ? *batched : chosen;
 }
 
 namespace {

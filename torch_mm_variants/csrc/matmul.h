@@ -40,13 +40,6 @@ const Algorithm& batch_algorithm(const Algorithm& chosen, c10::string_view reque
                                  const at::Tensor& a_entry, const at::Tensor& b_entry,
                                  int64_t batch);
 
-// Bytes of an entry's matrix from which batch_algorithm runs entries of more than 8 rows entry by
-// entry where auto's choice for one entry is a higher rung than the batched kernel's (bmm.cpp).
-constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
-inline bool large_entry(const at::Tensor& b_entry) {
-  return b_entry.numel() * static_cast<int64_t>(b_entry.element_size()) >= kLargeEntryBytes;
-}
-
 // Refuses a sparse, mkldnn or other non-strided tensor by name: the kernels read strided memory.
 // `op` and `name` say where it was passed, e.g. ("mm_variants::linear", "weight").
 void check_strided(const char* op, const char* name, const at::Tensor& t);

@@ -73,6 +73,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <type_traits>
 
 namespace mm_variants::cuda {
 namespace {
@@ -145,10 +146,11 @@ constexpr int kMinStepsPerSplit = 4;
 // boxes hold its M rows only (the host sizes x's map so), the rest of their tiles is left as it
 // is (see the file's header); TMA counts the bytes it delivers, so M sets each stage's total.
 // kWKMajor: the weight's boxes are 64 rows of k; otherwise n_boxes() boxes of k lines of n.
+// The boxes come from batch entry x_entry of x's map and w_entry of w's (0 for a single product).
 template <class R, bool kWKMajor>
 __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
-                        int steps, int M) {
+                        int steps, int M, int x_entry, int w_entry) {
   const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * kRowUnits) * 2;
   const hopper::L2Policy read_once = hopper::l2_evict_first();
   for (int i = 0; i < steps; ++i) {
@@ -160,15 +162,15 @@ __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint
       const int k = k0 + b * R::kBoxK;
       uint16_t* w_box = w_tiles + s * R::kWTile + b * R::kWBox;
       if constexpr (kWKMajor) {
-        hopper::tma_load_2d(w_box, w_map, &full[s], k, n0, read_once);
+        hopper::tma_load_3d(w_box, w_map, &full[s], k, n0, w_entry, read_once);
       } else {
 #pragma unroll
         for (int j = 0; j < R::n_boxes(); ++j) {
-          hopper::tma_load_2d(w_box + j * R::n_box_units(), w_map, &full[s], n0 + j * R::kBoxK, k,
-                              read_once);
+          hopper::tma_load_3d(w_box + j * R::n_box_units(), w_map, &full[s], n0 + j * R::kBoxK, k,
+                              w_entry, read_once);
         }
       }
-      hopper::tma_load_2d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k, 0);
+      hopper::tma_load_3d(x_tiles + s * R::kXTile + b * R::kXBox, x_map, &full[s], k, 0, x_entry);
     }
   }
 }
@@ -421,15 +423,24 @@ __device__ void sum_cluster_partials(const float* partial, T* out, int M, int N,
   }
 }
 
-// Block (blockIdx.x, blockIdx.y): weight rows 64 bx .. 64 bx + 63 over k steps
-// by * steps_per_split onwards (the host makes every split non-empty). With more than one split,
-// the gridDim.y blocks of a column form one cluster, rank blockIdx.y. kWKMajor: w_map copies
-// the weight K-major (w [N, K]), otherwise N-major (a row-major [K, N] weight, in place).
+// Where a bmm batch's entries lie: entry e (blockIdx.z) reads its boxes at coordinate e of the
+// third dimension of x's map and of w's (0 where the entries share one weight), and writes its
+// [M, N] output `out` elements past entry 0's. A single product is a batch of one entry.
+struct Entries {
+  int64_t out = 0;
+  bool shared_w = true;
+};
+
+// Block (blockIdx.x, blockIdx.y, blockIdx.z): weight rows 64 bx .. 64 bx + 63 over k steps
+// by * steps_per_split onwards (the host makes every split non-empty) of batch entry bz. With
+// more than one split, the gridDim.y blocks of a column form one cluster, rank blockIdx.y.
+// kWKMajor: w_map copies the weight K-major (w [N, K]), otherwise N-major (a row-major [K, N]
+// weight, in place).
 template <typename T, class R, bool kWKMajor>
 __global__ void __launch_bounds__(kThreads)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map, T* out, int M, int N, int K,
-                      int steps_per_split) {
+                      int steps_per_split, Entries entries) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
@@ -444,6 +455,8 @@ __global__ void __launch_bounds__(kThreads)
 
   const int n0 = blockIdx.x * kRows;
   const int step0 = blockIdx.y * steps_per_split;
+  const int entry = static_cast<int>(blockIdx.z);
+  out += entry * entries.out;
   const int steps = min(steps_per_split, (K - 1) / R::kStepK + 1 - step0);
   if (threadIdx.x == 0) {
     hopper::prefetch_tensor_map(&w_map);
@@ -464,7 +477,8 @@ __global__ void __launch_bounds__(kThreads)
     consume<T, R, kWKMajor>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, out, partial, M,
                             N, n0);
   } else if (threadIdx.x == 128) {
-    produce<R, kWKMajor>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M);
+    produce<R, kWKMajor>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M,
+                         entry, entries.shared_w ? 0 : entry);
   }
   if (partial != nullptr) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
@@ -484,20 +498,23 @@ struct Plan {
   int64_t busiest_k;
 };
 
+// `entries`: of a bmm batch, whose blocks all count (one column of blocks per entry's 64 rows).
 template <typename T, class R, bool kWKMajor>
-Plan plan(int64_t N, int64_t K, int sms) {
+Plan plan(int64_t N, int64_t K, int64_t entries, int sms) {
   const int64_t row_blocks = ceil_div(N, kRows), k_steps = ceil_div(K, R::kStepK);
   const int per_split =
-      steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1, row_blocks,
-                      k_steps, kMaxSplits, kMinStepsPerSplit);
+      steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1,
+                      row_blocks * entries, k_steps, kMaxSplits, kMinStepsPerSplit);
   const int64_t splits = ceil_div(k_steps, per_split);
-  return {per_split, dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits)),
-          ceil_div(row_blocks * splits, sms) * per_split * R::kStepK};
+  return {per_split,
+          dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
+               static_cast<unsigned>(entries)),
+          ceil_div(row_blocks * entries * splits, sms) * per_split * R::kStepK};
 }
 
 template <typename T, class R, bool kWKMajor>
-void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor& out,
-            int64_t M, int64_t N, int64_t K) {
+void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, T* out,
+            const Entries& entries, int64_t M, int64_t N, int64_t K) {
   auto* kernel = skinny_tma_kernel<T, R, kWKMajor>;
   allow_dynamic_smem(kernel, R::kSmemBytes);
   // With more than one split, each column of blocks is a cluster, and the launch starts early
@@ -505,27 +522,39 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, a
   const bool split = p.grid.y > 1;
   KernelLaunch cluster_launch(p.grid, kThreads, R::kSmemBytes);
   cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(split);
-  cluster_launch.run(kernel, w_map, x_map, static_cast<T*>(out.data_ptr()), static_cast<int>(M),
-                     static_cast<int>(N), static_cast<int>(K), p.per_split);
+  cluster_launch.run(kernel, w_map, x_map, out, static_cast<int>(M), static_cast<int>(N),
+                     static_cast<int>(K), p.per_split, entries);
+}
+
+// A map over `entries` matrices entry_ld elements apart (a bmm batch), or over one (a single
+// product, or a weight the entries share), whose entry pitch is then its own span, never used.
+template <typename T>
+CUtensorMap entries_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer,
+                        int64_t entries = 1, int64_t entry_ld = 0) {
+  if (entries <= 1) return batch_tile_map(data, inner, outer, ld, box_outer, 1, outer * ld);
+  return batch_tile_map(data, inner, outer, ld, box_outer, entries, entry_ld);
 }
 
 // The weight as TMA copies it: the K-contiguous w = b.t() [N, K] in boxes of 64 rows of k
-// (k_major), or a row-major b [K, N], read in place, in boxes of k lines of n. `data` holds the
-// memory the map points at: where b had to be copied, the copy lives as long as the map.
+// (k_major), or a row-major b [K, N], read in place, in boxes of k lines of n; for a bmm batch,
+// every entry's (unless they share one). `data` holds the memory the map points at: where b had
+// to be copied, the copy lives as long as the map.
 struct WeightMap {
   CUtensorMap map;
   bool k_major;
   at::Tensor data;
+  bool shared = true;
 };
 
-// The map of a K-contiguous weight w [N, K] with 16-byte aligned rows.
+// The map of a K-contiguous weight w [N, K] with 16-byte aligned rows (and entries).
 template <typename T>
-WeightMap k_major_map(const skinny::Rows& w) {
+WeightMap k_major_map(const skinny::Rows& w, int64_t entries = 1, int64_t entry_ld = 0) {
   const int64_t N = w.data.size(0), K = w.data.size(1);
   // A single row has no leading dimension; TMA still wants a valid pitch, which it never uses.
-  return WeightMap{tile_map(static_cast<const T*>(w.data.data_ptr()), K, N,
-                           N == 1 ? skinny::padded_pitch<T>(K) : w.ld, kRows),
-                   true, w.data};
+  return WeightMap{entries_map(static_cast<const T*>(w.data.data_ptr()), K, N,
+                               N == 1 ? skinny::padded_pitch<T>(K) : w.ld, kRows, entries,
+                               entry_ld),
+                   true, w.data, entries <= 1};
 }
 
 // b's weight map, or none where w = b.t() is K-contiguous in place (or copied so, with rows K
@@ -536,12 +565,51 @@ std::optional<WeightMap> weight_map(const at::Tensor& b) {
   const int64_t K = b.size(0), N = b.size(1);
   if (skinny::n_major_in_place<T>(b)) {
     return WeightMap{
-        tile_map(static_cast<const T*>(b.data_ptr()), N, K, b.stride(0), kTmaBoxInnerOf<T>),
+        entries_map(static_cast<const T*>(b.data_ptr()), N, K, b.stride(0), kTmaBoxInnerOf<T>),
         false, b};
   }
   const skinny::Rows w = skinny::weight(b);
   if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) return std::nullopt;
   return k_major_map<T>(w);
+}
+
+// The weights of a bmm batch b [B, K, N] (or a shared [K, N]) as one map: row-major entries in
+// place where TMA can address them, else K-contiguous ones in place or copied so (as
+// skinny::batch_weights gives them); none where those rows or entries do not start 16-byte
+// aligned. Entries 0 elements apart (one weight expanded) are one shared weight.
+template <typename T>
+std::optional<WeightMap> batch_weight_map(const at::Tensor& b) {
+  const int64_t entries = b.dim() == 3 ? b.size(0) : 1;
+  const bool n_major = skinny::n_major_in_place<T>(b.dim() == 3 ? b.select(0, 0) : b);
+  const auto [w, entry_ld] = skinny::batch_weights(b, n_major);
+  const int64_t map_entries = entry_ld == 0 ? 1 : entries;
+  if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, skinny::Batch{entries, 0, entry_ld})) {
+    return std::nullopt;
+  }
+  if (!n_major) return k_major_map<T>(w, map_entries, entry_ld);
+  const int64_t K = w.data.size(0), N = w.data.size(1);
+  return WeightMap{entries_map(static_cast<const T*>(w.data.data_ptr()), N, K, w.ld,
+                               kTmaBoxInnerOf<T>, map_entries, entry_ld),
+                   false, w.data, map_entries == 1};
+}
+
+// x's map: the tokens of a [B, M, K] (a single product's as a batch of one), in boxes of its M
+// rows, not the tile's TOKENS (see the file's header). Rows or entries TMA cannot address are
+// copied into padded ones (skinny::batch_tokens), as are entries 0 elements apart. `data` holds
+// the memory the map points at.
+struct TokensMap {
+  CUtensorMap map;
+  at::Tensor data;
+};
+
+template <typename T>
+TokensMap tokens_map(const at::Tensor& a) {
+  const int64_t entries = a.size(0), M = a.size(1), K = a.size(2);
+  auto [x, entry_ld] = skinny::batch_tokens<T>(entries > 1 && a.stride(0) == 0 ? a.contiguous() : a);
+  return {entries_map(static_cast<const T*>(x.data.data_ptr()), K, M,
+                      M == 1 ? skinny::padded_pitch<T>(K) : x.ld, static_cast<int>(M), entries,
+                      entry_ld),
+          x.data};
 }
 
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
@@ -554,37 +622,63 @@ std::optional<WeightMap> weight_map(const at::Tensor& b) {
 template <typename T, int TOKENS>
 constexpr int kSharedRingKb = std::is_same_v<T, float> && TOKENS > 64 ? kShape[2] : kShape[1];
 
+// out [entries, >= M * N]: each entry's [M, N] product at the start of its row (a single
+// product's [M, N] is one such row).
 template <typename T, int TOKENS, bool kWKMajor>
-void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, at::Tensor& out, int64_t M,
-                  int64_t N, int64_t K) {
+void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, bool shared_w,
+                  at::Tensor& out, int64_t entries, int64_t M, int64_t N, int64_t K) {
   using Shared = Ring<T, TOKENS, kSharedRingKb<T, TOKENS>>;
   using Alone = Ring<T, TOKENS, kShape[2]>;
   const int sms = device_info_for(out.device())->multiProcessorCount;
-  const Plan shared = plan<T, Shared, kWKMajor>(N, K, sms);
-  const Plan alone = plan<T, Alone, kWKMajor>(N, K, sms);
+  const Plan shared = plan<T, Shared, kWKMajor>(N, K, entries, sms);
+  const Plan alone = plan<T, Alone, kWKMajor>(N, K, entries, sms);
+  const Entries layout{entries > 1 ? out.stride(0) : 0, shared_w};
+  T* to = static_cast<T*>(out.data_ptr());
   if (alone.busiest_k < shared.busiest_k) {
-    launch<T, Alone, kWKMajor>(alone, w_map, x_map, out, M, N, K);
+    launch<T, Alone, kWKMajor>(alone, w_map, x_map, to, layout, M, N, K);
   } else {
-    launch<T, Shared, kWKMajor>(shared, w_map, x_map, out, M, N, K);
+    launch<T, Shared, kWKMajor>(shared, w_map, x_map, to, layout, M, N, K);
   }
 }
 
-template <typename T, int TOKENS>
-void launch_skinny_tma(const skinny::Rows& x, const WeightMap& w, at::Tensor& out) {
-  const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
-  // x's boxes are its M rows, not the tile's TOKENS (see the file's header).
-  const CUtensorMap x_map = tile_map(static_cast<const T*>(x.data.data_ptr()), K, M,
-                                     M == 1 ? skinny::padded_pitch<T>(K) : x.ld,
-                                     static_cast<int>(M));
-  if (w.k_major) {
-    launch_rings<T, TOKENS, true>(w.map, x_map, out, M, N, K);
+// a [entries, M, K] against w into out (launch_rings' layout).
+template <typename T>
+void launch_skinny_tma(const at::Tensor& a, const WeightMap& w, at::Tensor& out, int64_t N) {
+  const int64_t entries = a.size(0), M = a.size(1), K = a.size(2);
+  const TokensMap x = tokens_map<T>(a);
+  const auto with_tokens = [&](auto tokens) {
+    constexpr int TOKENS = decltype(tokens)::value;
+    if (w.k_major) {
+      launch_rings<T, TOKENS, true>(w.map, x.map, w.shared, out, entries, M, N, K);
+    } else {
+      launch_rings<T, TOKENS, false>(w.map, x.map, w.shared, out, entries, M, N, K);
+    }
+  };
+  if (M <= 8) {
+    with_tokens(std::integral_constant<int, 8>{});
+  } else if (M <= 16) {
+    with_tokens(std::integral_constant<int, 16>{});
+  } else if (M <= 32) {
+    with_tokens(std::integral_constant<int, 32>{});
+  } else if (M <= 64) {
+    with_tokens(std::integral_constant<int, 64>{});
   } else {
-    launch_rings<T, TOKENS, false>(w.map, x_map, out, M, N, K);
+    with_tokens(std::integral_constant<int, 128>{});
+  }
+}
+
+// f(T{}) for the dtype this rung takes.
+template <typename F>
+void dispatch_dtype(at::ScalarType dtype, F&& f) {
+  if (dtype == at::kFloat) {
+    f(float{});
+  } else {
+    dispatch_16bit(dtype, f);
   }
 }
 
 void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
-  const auto run = [&](auto dtype) {
+  dispatch_dtype(a.scalar_type(), [&](auto dtype) {
     using T = decltype(dtype);
     skinny::check_extents(a, b, "skinny_tma");
     std::optional<WeightMap> w = weight_map<T>(b);
@@ -594,25 +688,32 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
       if (a.size(0) <= skinny::kMaxM) return find_algorithm(a.device(), "skinny").run(a, b, out);
       w = k_major_map<T>(skinny::padded_copy<T>(b.t()));
     }
-    const skinny::Rows x = skinny::tokens<T>(a);
-    const int64_t M = a.size(0);
-    if (M <= 8) {
-      launch_skinny_tma<T, 8>(x, *w, out);
-    } else if (M <= 16) {
-      launch_skinny_tma<T, 16>(x, *w, out);
-    } else if (M <= 32) {
-      launch_skinny_tma<T, 32>(x, *w, out);
-    } else if (M <= 64) {
-      launch_skinny_tma<T, 64>(x, *w, out);
-    } else {
-      launch_skinny_tma<T, 128>(x, *w, out);
-    }
-  };
-  if (a.scalar_type() == at::kFloat) {
-    run(float{});
-  } else {
-    dispatch_16bit(a.scalar_type(), run);
-  }
+    launch_skinny_tma<T>(a.unsqueeze(0), *w, out, b.size(1));
+  });
+}
+
+// A whole bmm batch (run_batched; registry.h gives the layout of out) in one launch: the entries
+// are the grid's third dimension and the third of x's and w's maps. A launch per entry (the
+// single product's) cost 5-7 us of the host's time each, more than such an entry's product takes
+// at decode. Weights whose rows or entries TMA cannot address go to rung 10's batched kernel up
+// to its 64 rows, and past them entry by entry to the single product, which copies them.
+void skinny_tma_batched(const at::Tensor& a_in, const at::Tensor& b_in, at::Tensor& out_in) {
+  skinny::in_grid_sized_parts(a_in, b_in, out_in, "skinny_tma", [](const at::Tensor& a,
+                                                                   const at::Tensor& b,
+                                                                   at::Tensor& out) {
+    dispatch_dtype(a.scalar_type(), [&](auto dtype) {
+      using T = decltype(dtype);
+      const int64_t M = a.size(1), N = b.size(-1);
+      if (const std::optional<WeightMap> w = batch_weight_map<T>(b)) {
+        return launch_skinny_tma<T>(a, *w, out, N);
+      }
+      if (M <= skinny::kMaxM) return find_algorithm(a.device(), "skinny").run_batched(a, b, out);
+      for (int64_t i = 0; i < a.size(0); ++i) {
+        at::Tensor entry_out = out.select(0, i).narrow(0, 0, M * N).view({M, N});
+        skinny_tma(a.select(0, i), b.dim() == 3 ? b.select(0, i) : b, entry_out);
+      }
+    });
+  });
 }
 
 // Where rung 10 measured faster in 16 bits (scripts/bench_skinny.py): up to 8 tokens, and at 16
@@ -680,7 +781,44 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 // 0.31-0.39x of torch.mm at 128 tokens on 4096 x 4096 and 4096 x 14336, both weight layouts,
 // H100), while this rung still streams the weight once. 16-bit products and TF32 take rung 9
 // (bf16 at 1.01-1.19x of torch.mm at 128 tokens on the three Llama weights, H100).
-bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t /*entries*/) {
+// A bmm batch (`entries` products in skinny_tma_batched's one launch; bmm's batch_algorithm asks
+// up to 64 tokens) against rung 10's batched kernel. In CUDA graphs, entries rotated past L2,
+// torch.bmm beside each case (H200), at 1-64 tokens:
+// - 16-bit row-major entries [K, N] of K >= kMinRowMajorBatchK (p @ v): 32 x [1024, 128] at
+//   0.91-1.20x of torch.bmm here against 0.62-1.07x, 32 x [4096, 128] 0.94-1.09x against
+//   0.62-1.01x, 32 x [1024, 64] and [4096, 64] 0.89-1.31x against 0.71-1.16x, 32 x [2048, 128]
+//   0.91-1.10x against 0.56-0.94x, 8 x [4096, 1024] 0.97-1.01x against 0.52-0.99x, 4 x
+//   [4096, 4096] 0.94-0.97x against 0.44-0.88x. At K = 512: 32 x [512, 128] level up to 8 tokens
+//   (1.13-1.14x against 1.15x) and ahead at 32-64 (0.84-0.96x against 0.75-0.94x), 16 x
+//   [512, 1024] 0.96-0.98x against 0.38-0.87x, but 16 x [512, 256] 1.08-1.12x against 1.15-1.25x
+//   at 1-12 tokens.
+// - 16-bit K-contiguous entries w [N, K] of K >= kMinBatchK and N >= kMinBatchRows: 8 x
+//   [1024 or 2048, 4096], 4 x [4096, 4096] and 16 x [256, 1024] at 0.91-1.23x here against
+//   0.44-1.22x, 32 x [512, 2048] 0.94-1.07x against 0.48-1.00x (level up to 3 tokens). Fewer rows
+//   stay on rung 10: 8 x [128, 4096] at 0.92-3.03x here against 0.93-3.25x, 16 x [64, 1024] up
+//   to 16 tokens 1.34-2.03x against 1.36-2.19x (though 4 x [64, 4096] ran 1.65-2.39x here against
+//   1.57-2.24x); so do q @ k^T over 32 x [1024 or 4096, 64 or 128] keys, 0.41-0.94x here against
+//   0.64-1.46x on rung 10's short rows. Entries of kLargeEntryBytes or more past 8 tokens stay
+//   here whatever their shape, as they ran entry by entry before this kernel: one launch each
+//   cost 5-7 us of the host's time.
+// - float32 batches that rung 12 passes over: rung 10 copies row-major entries K-contiguous
+//   (0.12-0.95x of torch.bmm on p @ v, against 2.0-8.3x here at 9-64 tokens), and on q @ k^T at
+//   5-64 tokens ran at 0.50-1.15x where this rung ran 1.13-2.31x.
+constexpr int64_t kMinRowMajorBatchK = 512;
+constexpr int64_t kMinBatchK = 1024;
+constexpr int64_t kMinBatchRows = 256;
+constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
+
+bool batch_goes_lower(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() == at::kFloat) return false;
+  const int64_t K = a.size(1), N = b.size(1);
+  if (skinny::row_major(b)) return K < kMinRowMajorBatchK;
+  if (K >= kMinBatchK && N >= kMinBatchRows) return false;
+  const int64_t bytes = b.numel() * static_cast<int64_t>(b.element_size());
+  return !(a.size(0) > 8 && bytes >= kLargeEntryBytes);
+}
+
+bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
   // A row-major weight whose rows TMA cannot address (unaligned) this rung copies K-contiguous:
   // 16-bit ones go to rung 10, which reads them in place, and large float32 ones, which rung 10
   // copies too, on to rung 8.
@@ -688,13 +826,14 @@ bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t /*en
       (a.scalar_type() != at::kFloat || skinny::rung8_is_faster_on_row_major(a, b))) {
     return true;
   }
+  if (entries > 1) return batch_goes_lower(a, b);
   if (a.size(0) <= skinny::kMaxM) return rung10_is_faster(a, b);
   return a.scalar_type() != at::kFloat || at::globalContext().allowTF32CuBLAS();
 }
 
 MM_VARIANTS_REGISTER({"skinny_tma", c10::kCUDA, 11, {at::kFloat, at::kHalf, at::kBFloat16},
                       &skinny_tma, &sm90a, &skinny::tma_rows, skinny::kTmaRowsOnly,
-                      /*auto_candidate=*/true, /*run_fused=*/nullptr, /*run_batched=*/nullptr,
+                      /*auto_candidate=*/true, /*run_fused=*/nullptr, &skinny_tma_batched,
                       &lower_rung_is_faster});
 
 }  // namespace

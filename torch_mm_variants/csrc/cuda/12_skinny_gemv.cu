@@ -611,32 +611,29 @@ bool narrow_16bit_weight(const at::Tensor& a, const at::Tensor& b, int64_t entri
 //   that short_k_takes go to rung 10's short_rows_kernel, which was never slower than
 //   short_k_kernel and up to 7.4 times as fast (at 8 tokens; H200, 96 cases, 10_skinny.cu).
 // - float32 products that short_k_takes stay here, at any token count it allows (on `entries`
-//   products in one launch: a bmm batch, a and b one entry each).
+//   products in one launch: a bmm batch, a and b one entry each), but bmm batches of entries that
+//   rung 11 reads in place from 5 tokens on (q @ k^T): its batched kernel ran 32 x [1024 or 4096,
+//   64 or 128] keys at 6-8 tokens at 1.50-2.31x of torch.bmm, this rung's short-K kernel at
+//   1.08-1.40x (CUDA graphs, keys rotated past L2, H200); at 3-4 tokens both 1.41-2.47x.
 // - 9-16 tokens (a launch for each group of 8, the weight streamed twice): float32 row-major
-//   weights that rung 11 does not read in place, as up to 8 tokens; and batches of float32
-//   row-major entries below kLargeEntryBytes (not large_entry; p @ v at decode), which rung 10
-//   copies K-contiguous and rung 11 runs entry by entry. In CUDA graphs, values rotated past L2,
-//   against torch.bmm (H100), at 9 / 12 / 16 tokens: 32 x [1024, 128] 1.27x / 1.09x / 0.96x
-//   (rung 10, `auto`'s rung before, 0.47x), 32 x [4096, 128] 1.43x / 1.37x / 1.30x (0.45x),
-//   32 x [1024, 64] and [4096, 64] 1.49-3.87x (0.77-1.49x), 8 x [1024, 128] 2.76-3.26x (2.0x);
-//   8 x [4096, 512] and 8 x [1024, 2048] (8 MB entries) 1.40-2.69x and 0.83-0.96x, where rung 11
-//   entry by entry ran at 0.96-1.74x and 0.61-0.73x. Entries of 16 MB keep rung 11 (bmm.cpp's
-//   rule): it ran 8 x [1024, 4096] at 0.76-0.78x against this rung's 0.64-0.67x and
-//   4 x [4096, 4096] 1.6 times as fast; 8 x [4096, 1024] would have run 1.1 times as fast here
-//   (0.91-0.93x against 0.82-0.84x). Single products stay on rung 11, 1.1-1.9 times as fast as this
-//   rung on 256 to 4096 columns, K = 1024 and 4096. Rows one element in: 0.62-1.27x of torch.mm at
-//   12-16 tokens on 1024 x 1024 to 4096 x 4096, where rung 8 ran at 0.10-0.52x and rung 10 at
-//   0.26-0.51x. 16-bit values stay on rung 10 (2.5-3.9 times as fast as this rung on them), and
-//   nn.Linear weights past 8 tokens on the rungs below (float32 q @ k^T over 32 x [4096, 128] keys:
-//   0.68-0.87x here, 1.01-1.05x there).
+//   weights that rung 11 does not read in place, as up to 8 tokens. Rows one element in ran at
+//   0.62-1.27x of torch.mm at 12-16 tokens on 1024 x 1024 to 4096 x 4096, where rung 8 ran at
+//   0.10-0.52x and rung 10 at 0.26-0.51x. Batches of row-major entries it reads (p @ v) go to
+//   rung 11's batched kernel: at 16 tokens, same timing, 2.04-7.52x of torch.bmm on 32 x [1024 or
+//   4096, 64 or 128] values and 2.15-3.75x on 8 x [4096, 1024] and 4 x [4096, 4096], where this
+//   rung ran 1.01-3.52x and 1.07-1.85x. Single products stay on rung 11 too, 1.1-1.9 times as
+//   fast as this rung on 256 to 4096 columns, K = 1024 and 4096 (H100). 16-bit values stay on the
+//   rungs below (rung 10 2.5-3.9 times as fast as this rung on them), and nn.Linear weights past 8
+//   tokens (float32 q @ k^T over 32 x [4096, 128] keys: 0.68-0.87x here, 1.01-1.05x on rung 10).
 bool lower_rung_is_faster(const at::Tensor& a, const at::Tensor& b, int64_t entries) {
   if (a.scalar_type() != at::kFloat) return !narrow_16bit_weight(a, b, entries);
+  const bool row_major = skinny::row_major(b), tma = sm90a(a.device());
+  if (entries > 1 && a.size(0) > 4 && tma && skinny::tma_reads_k_major(a, b)) return true;
   const int64_t sms = device_info_for(a.device())->multiProcessorCount;
   const int64_t vector = 16 / a.element_size(), rows = b.size(1) * entries;
-  if (!skinny::row_major(b) && short_k_takes(b.size(0), vector, a.size(0), rows, sms)) return false;
-  const bool row_major = skinny::row_major(b);
-  if (row_major && !(sm90a(a.device()) && skinny::tma_reads_n_major(a, b))) return false;
-  if (a.size(0) > kMaxTokens) return !(row_major && entries > 1 && !large_entry(b));
+  if (!row_major && short_k_takes(b.size(0), vector, a.size(0), rows, sms)) return false;
+  if (row_major && !(tma && skinny::tma_reads_n_major(a, b))) return false;
+  if (a.size(0) > kMaxTokens) return true;
   if (a.size(0) <= 2) return false;
   return row_major ? b.size(1) > 4096 : a.size(0) > 4;
 }

@@ -153,6 +153,25 @@ __device__ __forceinline__ void tma_load_2d(void* dst, const CUtensorMap* map, u
   }
 }
 
+// The same from a 3-D map (tensor_map.cuh's batch_tile_map): c2 picks the batch entry.
+__device__ __forceinline__ void tma_load_3d(void* dst, const CUtensorMap* map, uint64_t* bar,
+                                            int c0, int c1, int c2, L2Policy l2 = {}) {
+  if (l2.given) {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;\n" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar)),
+        "l"(l2.policy)
+        : "memory");
+  } else {
+    asm volatile(
+        "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(smem_addr(dst)),
+        "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(bar))
+        : "memory");
+  }
+}
+
 // The same box delivered to the same shared-memory offset of every CTA of the cluster in
 // `cta_mask`, each signalling its own barrier at `bar`'s offset: one read of L2 feeds them all.
 __device__ __forceinline__ void tma_load_2d_multicast(void* dst, const CUtensorMap* map,

@@ -77,6 +77,15 @@ inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
                                        : n_major_in_place<c10::Half>(b);
 }
 
+// Whether rung 11 (on sm_90a) reads b's K-contiguous w = b.t() (an nn.Linear weight, attention's
+// keys) in place: rows that start 16-byte aligned.
+inline bool tma_reads_k_major(const at::Tensor& a, const at::Tensor& b) {
+  if (row_major(b) || !(b.stride(0) == 1 || b.size(0) == 1)) return false;
+  const int64_t ld = b.size(1) == 1 ? 0 : b.stride(1);
+  return a.scalar_type() == at::kFloat ? rows_aligned<float>(b.data_ptr(), ld)
+                                       : rows_aligned<c10::Half>(b.data_ptr(), ld);
+}
+
 // Rung 10's short_rows_kernel: 16-bit K-contiguous rows of at most kShortMaxChunks chunks of
 // kShortChunk k (a 16-byte vector on each of 4 lanes), its tokens in tiles of 8.
 constexpr int kShortChunk = 32;
