@@ -109,6 +109,17 @@ def test_auto_runs_a_batch_of_small_entries_in_one_launch(dtype, tf32):
         torch.backends.cuda.matmul.allow_tf32 = previous
 
 
+def assert_repeats_and_replays(run, a):
+    """run() gives the same bits on every call, and a CUDA graph of it, replayed after a's values
+    change, gives what run() gives then."""
+    assert torch.equal(run(), run())
+    graph, out = capture_graph(run)
+    a.copy_(torch.randn_like(a))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, run())
+
+
 needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.algorithms("cuda"),
                                   reason="needs a GPU that lists skinny")
 
@@ -163,11 +174,7 @@ def test_decode_batches_run_in_one_launch(dtype):
                 assert ("short_rows_kernel" in names[0]) == short, (m, names)
             check_bmm(a, b, "auto")
     for a, b, _ in products:
-        graph, out = capture_graph(lambda: mmv.matmul(a, b))
-        a.copy_(torch.randn_like(a))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, mmv.matmul(a, b))
+        assert_repeats_and_replays(lambda: mmv.matmul(a, b), a)
 
 
 @pytest.mark.cuda
@@ -246,12 +253,7 @@ def test_skinny_tma_runs_a_batch_in_one_launch(dtype):
         names = product_kernels(run)
         assert len(names) == 1 and "skinny_tma_kernel" in names[0], (a.shape, b.shape, names)
         check_bmm(a, b, "skinny_tma")
-        assert torch.equal(run(), run())
-        graph, out = capture_graph(run)
-        a.copy_(torch.randn_like(a))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, run())
+        assert_repeats_and_replays(run, a)
     gap = batch_operand(3, 520, 64, dtype, "cuda", "gap")  # entry 1 starts one element in
     for m, expected in [(40, ["skinny"]), (100, ["skinny_tma"] * 3)]:
         a = randn(3, m, 520)
@@ -296,12 +298,7 @@ def test_batches_of_few_blocks_split_k(algorithm, dtype):
         assert len(split_kernels(run)) == splits, (a.shape, b.shape)
         assert len(product_kernels(run)) == 1, (a.shape, b.shape)
         check_bmm(a, b, algorithm)
-        assert torch.equal(run(), run())
-        graph, out = capture_graph(run)
-        a.copy_(torch.randn_like(a))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(out, run())
+        assert_repeats_and_replays(run, a)
 
 
 @pytest.mark.parametrize("device", devices())
