@@ -237,9 +237,10 @@ def test_skinny_tma_runs_a_batch_in_one_launch(dtype):
     """skinny_tma takes a bmm batch in one launch of its kernel, the entries along the grid and
     along the third dimension of its TMA maps: K-contiguous and row-major entries, a weight the
     entries share, K split over clusters (two entries of a long K) or not, 1-128 tokens, an
-    entry's edges past N and K (each entry's own zeros). It matches float64, gives the same bits
-    on every run, and replays from a CUDA graph. Entries one element apart, which TMA cannot
-    address, go to skinny's batched kernel up to 64 tokens, and past them entry by entry."""
+    entry's edges past N and K (each entry's own zeros), tokens whose entries overlap (copied
+    apart). It matches float64, gives the same bits on every run, and replays from a CUDA graph.
+    Weights whose entries TMA cannot address (one element apart, or overlapping) go to skinny's
+    batched kernel up to 64 tokens, and past them entry by entry."""
     torch.manual_seed(0)
     randn = lambda *shape: torch.randn(*shape, device="cuda", dtype=dtype)  # noqa: E731
     cases = [(randn(5, 3, 200), randn(5, 72, 200).mT),   # K-contiguous, N and K off the boxes
@@ -254,13 +255,20 @@ def test_skinny_tma_runs_a_batch_in_one_launch(dtype):
         assert len(names) == 1 and "skinny_tma_kernel" in names[0], (a.shape, b.shape, names)
         check_bmm(a, b, "skinny_tma")
         assert_repeats_and_replays(run, a)
+    overlapping_tokens = randn(40, 200).as_strided((3, 8, 200), (800, 200, 1))  # copied apart
+    keys = randn(3, 72, 200).mT
+    names = product_kernels(lambda: mmv.matmul(overlapping_tokens, keys, "skinny_tma"))
+    assert len(names) == 1 and "skinny_tma_kernel" in names[0], names
+    check_bmm(overlapping_tokens, keys, "skinny_tma")
     gap = batch_operand(3, 520, 64, dtype, "cuda", "gap")  # entry 1 starts one element in
-    for m, expected in [(40, ["skinny"]), (100, ["skinny_tma"] * 3)]:
-        a = randn(3, m, 520)
-        names = product_kernels(lambda: mmv.matmul(a, gap, "skinny_tma"))
-        kernels = ["skinny_tma" if "skinny_tma" in name else "skinny" for name in names]
-        assert kernels == expected, (m, names)
-        check_bmm(a, gap, "skinny_tma")
+    overlapping = randn(3 * 520 * 64).as_strided((3, 520, 64), (100 * 64, 64, 1))
+    for b in (gap, overlapping):
+        for m, expected in [(40, ["skinny"]), (100, ["skinny_tma"] * 3)]:
+            a = randn(3, m, 520)
+            names = product_kernels(lambda: mmv.matmul(a, b, "skinny_tma"))
+            kernels = ["skinny_tma" if "skinny_tma" in name else "skinny" for name in names]
+            assert kernels == expected, (m, names)
+            check_bmm(a, b, "skinny_tma")
 
 
 @pytest.mark.cuda

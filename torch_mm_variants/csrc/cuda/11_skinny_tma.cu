@@ -73,6 +73,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <optional>
+#include <utility>
 #include <type_traits>
 
 namespace mm_variants::cuda {
@@ -583,11 +584,14 @@ std::optional<WeightMap> batch_weight_map(const at::Tensor& b) {
   const bool n_major = skinny::n_major_in_place<T>(b.dim() == 3 ? b.select(0, 0) : b);
   const auto [w, entry_ld] = skinny::batch_weights(b, n_major);
   const int64_t map_entries = entry_ld == 0 ? 1 : entries;
-  if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, skinny::Batch{entries, 0, entry_ld})) {
+  const int64_t lines = w.data.size(0), line = w.data.size(1);  // [N, K], or [K, N] n_major
+  const bool overlap = map_entries > 1 && entry_ld < (lines - 1) * w.ld + line;
+  if (overlap ||
+      !skinny::rows_aligned<T>(w.data.data_ptr(), w.ld, skinny::Batch{entries, 0, entry_ld})) {
     return std::nullopt;
   }
   if (!n_major) return k_major_map<T>(w, map_entries, entry_ld);
-  const int64_t K = w.data.size(0), N = w.data.size(1);
+  const int64_t K = lines, N = line;
   return WeightMap{entries_map(static_cast<const T*>(w.data.data_ptr()), N, K, w.ld,
                                kTmaBoxInnerOf<T>, map_entries, entry_ld),
                    false, w.data, map_entries == 1};
@@ -595,8 +599,8 @@ std::optional<WeightMap> batch_weight_map(const at::Tensor& b) {
 
 // x's map: the tokens of a [B, M, K] (a single product's as a batch of one), in boxes of its M
 // rows, not the tile's TOKENS (see the file's header). Rows or entries TMA cannot address are
-// copied into padded ones (skinny::batch_tokens), as are entries 0 elements apart. `data` holds
-// the memory the map points at.
+// copied into padded ones (skinny::batch_tokens), as are entries that overlap (one expanded to
+// all, 0 elements apart). `data` holds the memory the map points at.
 struct TokensMap {
   CUtensorMap map;
   at::Tensor data;
@@ -605,11 +609,15 @@ struct TokensMap {
 template <typename T>
 TokensMap tokens_map(const at::Tensor& a) {
   const int64_t entries = a.size(0), M = a.size(1), K = a.size(2);
-  auto [x, entry_ld] = skinny::batch_tokens<T>(entries > 1 && a.stride(0) == 0 ? a.contiguous() : a);
-  return {entries_map(static_cast<const T*>(x.data.data_ptr()), K, M,
-                      M == 1 ? skinny::padded_pitch<T>(K) : x.ld, static_cast<int>(M), entries,
+  std::pair<skinny::Rows, int64_t> x = skinny::batch_tokens<T>(a);
+  if (entries > 1 && x.second < (M - 1) * x.first.ld + K) {
+    x = skinny::batch_tokens<T>(a.contiguous());
+  }
+  const auto& [rows, entry_ld] = x;
+  return {entries_map(static_cast<const T*>(rows.data.data_ptr()), K, M,
+                      M == 1 ? skinny::padded_pitch<T>(K) : rows.ld, static_cast<int>(M), entries,
                       entry_ld),
-          x.data};
+          rows.data};
 }
 
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
