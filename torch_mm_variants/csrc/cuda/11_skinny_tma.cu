@@ -53,6 +53,11 @@
 //   rung 10 makes, moves the weight twice more before the product streams it: on an H100 auto
 //   ran such decode products at 0.06-0.10x of torch.mm in bf16 that way, and reads them at
 //   0.98-1.14x in place (docs/performance/decode.md, "Row-major weights").
+// - A bmm batch runs in one launch (skinny_tma_batched): the grid's third dimension is the batch
+//   entry, and so is the third dimension of x's and w's tensor maps (a single product is a batch
+//   of one), each entry's edges filling with zeros as a matrix's do. Rung 10's batched kernel,
+//   which reads x again for every 16 weight columns, ran 16-bit p @ v at 24-64 tokens at
+//   0.62-0.91x of torch.bmm; this one at 0.89-1.13x (H200; batch_goes_lower has the rest).
 // Measured on an H200 (scripts/bench_skinny.py), in 16 bits it streams the large weights at
 // 3.0-3.2 TB/s at every M up to 64 with L2 cleared before each call, and at 3.7-3.9 TB/s back to
 // back in a CUDA graph: 1.02-1.19x of torch.mm's speed. Up to 16 tokens on weights under 64 MiB
