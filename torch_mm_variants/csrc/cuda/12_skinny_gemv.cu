@@ -30,7 +30,6 @@
 // - Weight rows not 16-byte aligned are read element by element. x is copied into aligned rows
 //   where it is not (it is small); the weight streams past L1, x stays cached.
 // - A bmm batch runs in one launch, its entries the grid's third dimension (skinny_gemv_batched).
-#include "../matmul.h"
 #include "common.cuh"
 #include "k_splits.cuh"
 #include "launch.cuh"
