@@ -536,7 +536,7 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, T
 // product, or a weight the entries share), whose entry pitch is then its own span, never used.
 template <typename T>
 CUtensorMap entries_map(const T* data, int64_t inner, int64_t outer, int64_t ld, int box_outer,
-                        int64_t entries = 1, int64_t entry_ld = 0) {
+                        int64_t entries, int64_t entry_ld) {
   if (entries <= 1) return batch_tile_map(data, inner, outer, ld, box_outer, 1, outer * ld);
   return batch_tile_map(data, inner, outer, ld, box_outer, entries, entry_ld);
 }
@@ -563,26 +563,11 @@ WeightMap k_major_map(const skinny::Rows& w, int64_t entries = 1, int64_t entry_
                    true, w.data, entries <= 1};
 }
 
-// b's weight map, or none where w = b.t() is K-contiguous in place (or copied so, with rows K
-// elements apart) with rows TMA cannot address (16-byte aligned). Other layouts are copied into
-// a K-contiguous w first.
-template <typename T>
-std::optional<WeightMap> weight_map(const at::Tensor& b) {
-  const int64_t K = b.size(0), N = b.size(1);
-  if (skinny::n_major_in_place<T>(b)) {
-    return WeightMap{
-        entries_map(static_cast<const T*>(b.data_ptr()), N, K, b.stride(0), kTmaBoxInnerOf<T>),
-        false, b};
-  }
-  const skinny::Rows w = skinny::weight(b);
-  if (!skinny::rows_aligned<T>(w.data.data_ptr(), w.ld)) return std::nullopt;
-  return k_major_map<T>(w);
-}
-
-// The weights of a bmm batch b [B, K, N] (or a shared [K, N]) as one map: row-major entries in
-// place where TMA can address them, else K-contiguous ones in place or copied so (as
-// skinny::batch_weights gives them); none where those rows or entries do not start 16-byte
-// aligned. Entries 0 elements apart (one weight expanded) are one shared weight.
+// The weights of a bmm batch b [B, K, N], or of a single product's b [K, N] (a weight all the
+// entries share), as one map: row-major entries in place where TMA can address them, else
+// K-contiguous ones in place or copied so (as skinny::batch_weights gives them); none where those
+// rows or entries do not start 16-byte aligned. Entries 0 elements apart (one weight expanded)
+// are one shared weight.
 template <typename T>
 std::optional<WeightMap> batch_weight_map(const at::Tensor& b) {
   const int64_t entries = b.dim() == 3 ? b.size(0) : 1;
@@ -694,7 +679,7 @@ void skinny_tma(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   dispatch_dtype(a.scalar_type(), [&](auto dtype) {
     using T = decltype(dtype);
     skinny::check_extents(a, b, "skinny_tma");
-    std::optional<WeightMap> w = weight_map<T>(b);
+    std::optional<WeightMap> w = batch_weight_map<T>(b);
     if (!w) {
       // Rows TMA cannot address: rung 10 reads them in place, up to its 64 rows; past those,
       // this rung copies them into aligned ones.

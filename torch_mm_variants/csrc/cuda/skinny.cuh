@@ -71,10 +71,16 @@ bool n_major_in_place(const at::Tensor& b) {
   return row_major(b) && b.stride(0) >= b.size(1) && rows_aligned<T>(b.data_ptr(), b.stride(0));
 }
 
+// check(T{}) for an element of a's size as rung 11 reads it: float, or any 16-bit type (the
+// alignment checks below depend on the size only).
+template <typename F>
+bool for_element_of(const at::Tensor& a, F&& check) {
+  return a.scalar_type() == at::kFloat ? check(float{}) : check(c10::Half{});
+}
+
 // Whether rung 11 (on sm_90a) reads b in place N-major, for a's dtype.
 inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
-  return a.scalar_type() == at::kFloat ? n_major_in_place<float>(b)
-                                       : n_major_in_place<c10::Half>(b);
+  return for_element_of(a, [&](auto t) { return n_major_in_place<decltype(t)>(b); });
 }
 
 // Whether rung 11 (on sm_90a) reads b's K-contiguous w = b.t() (an nn.Linear weight, attention's
@@ -82,8 +88,7 @@ inline bool tma_reads_n_major(const at::Tensor& a, const at::Tensor& b) {
 inline bool tma_reads_k_major(const at::Tensor& a, const at::Tensor& b) {
   if (row_major(b) || !(b.stride(0) == 1 || b.size(0) == 1)) return false;
   const int64_t ld = b.size(1) == 1 ? 0 : b.stride(1);
-  return a.scalar_type() == at::kFloat ? rows_aligned<float>(b.data_ptr(), ld)
-                                       : rows_aligned<c10::Half>(b.data_ptr(), ld);
+  return for_element_of(a, [&](auto t) { return rows_aligned<decltype(t)>(b.data_ptr(), ld); });
 }
 
 // Rung 10's short_rows_kernel: 16-bit K-contiguous rows of at most kShortMaxChunks chunks of
