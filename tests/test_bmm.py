@@ -149,10 +149,11 @@ def test_decode_batches_run_in_one_launch(dtype):
     """Batches of a few tokens against each entry's own matrix, as attention's products are at
     decode (q @ k^T with k read K-contiguous, p @ v with v row-major over 300 and 1100 positions),
     run in one launch of a skinny rung's batched kernel under auto (expected_decode_batch: on
-    sm_90a skinny_tma's for float32 past the tokens skinny_gemv takes, and for 16-bit p @ v over
-    K >= 512; on other GPUs float32 p @ v at 9-16 tokens takes skinny_gemv, a launch for each
-    group of 8), at every count of token tiles, and so inside a CUDA graph. 16-bit q @ k^T takes
-    skinny's short-rows kernel where skinny_short_rows says so."""
+    sm_90a skinny_tma's for float32 past the tokens skinny_gemv takes, for 16-bit p @ v over
+    K >= 512, and for 16-bit q @ k^T over heads of 128 past 16 tokens; on other GPUs float32
+    p @ v at 9-16 tokens takes skinny_gemv, a launch for each group of 8), at every count of token
+    tiles, and so inside a CUDA graph. Elsewhere 16-bit q @ k^T takes skinny's short-rows kernel
+    where skinny_short_rows says so."""
     torch.manual_seed(0)
     keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
     values = [torch.randn(24, rows, 128, device="cuda", dtype=dtype) for rows in (300, 1100)]

@@ -672,6 +672,41 @@ def test_tma_ring_sizes(dtype):
         assert rings[(64, 14336, 4096)] == 96, rings
 
 
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+def test_tma_short_k_ring(dtype):
+    """bmm batches of 16-bit K-contiguous rows of at most 256 elements (q @ k^T's keys) run
+    skinny_tma's ring of two one-box stages, (64 + tokens) x 128 bytes each (18, 20, 24, 32 and
+    48 KB for 8-128 token columns), so that more blocks share an SM; single products, longer
+    rows and row-major weights keep the 96 or 192 KB rings. Exact on sizes just off the 64-row
+    blocks, the 64-k boxes and the token columns, against float64."""
+    torch.manual_seed(0)
+    ring_kb = {8: 18, 16: 20, 32: 24, 64: 32, 128: 48}
+    for m, n, k, entries in [(1, 65, 8, 2), (9, 1000, 64, 3), (17, 63, 120, 3), (33, 4097, 128, 2),
+                             (64, 1000, 136, 4), (65, 129, 256, 2), (100, 300, 248, 2),
+                             (5, 777, 192, 5), (64, 1000, 264, 2), (33, 4097, 128, 1),
+                             (9, 1000, 64, 1)]:
+        tokens = next(t for t in ring_kb if t >= m)
+        x = torch.randn(entries, m, k, device="cuda").to(dtype)
+        w = torch.randn(entries, n, k, device="cuda").to(dtype)
+        a, b = product_or_batch(x, w)
+        names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b, "skinny_tma"))
+                 if "skinny_tma_kernel" in e["name"]]
+        assert len(names) == 1, (m, n, k, entries, names)
+        ring = re.search(r"Ring<[^,<>]+, (\d+), (\d+)>", names[0])
+        assert int(ring.group(1)) == tokens, names[0]
+        kb = int(ring.group(2))
+        short = entries > 1 and k <= 256
+        assert kb == ring_kb[tokens] if short else kb in (96, 192), (m, n, k, entries, names[0])
+        check_against_float64(a, b, "skinny_tma")
+    x = random_matrix(33, 128, dtype, "cuda")
+    v = random_matrix(128, 1000, dtype, "cuda")  # row-major [K, N]: the N-major rings
+    names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, v, "skinny_tma"))
+             if "skinny_tma_kernel" in e["name"]]
+    assert len(names) == 1 and re.search(r"Ring<[^,<>]+, 64, (96|192)>, false>", names[0]), names
+    assert_matches_reference(x, v, "skinny_tma")
+
+
 @pytest.mark.parametrize("algorithm, dtype", [
     param for param in ALGORITHM_DTYPES if param.values[1] != torch.float16])
 @pytest.mark.parametrize("m", [16, 64])

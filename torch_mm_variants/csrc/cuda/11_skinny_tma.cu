@@ -58,6 +58,8 @@
 //   of one), each entry's edges filling with zeros as a matrix's do. Rung 10's batched kernel,
 //   which reads x again for every 16 weight columns, ran 16-bit p @ v at 24-64 tokens at
 //   0.62-0.91x of torch.bmm; this one at 0.89-1.13x (H200; batch_goes_lower has the rest).
+//   Batches of short K-contiguous rows (q @ k^T's keys) take a ring of small stages, so that
+//   four to eight blocks share an SM (kShortRingMaxK).
 // Measured on an H200 (scripts/bench_skinny.py), in 16 bits it streams the large weights at
 // 3.0-3.2 TB/s at every M up to 64 with L2 cleared before each call, and at 3.7-3.9 TB/s back to
 // back in a CUDA graph: 1.02-1.19x of torch.mm's speed. Up to 16 tokens on weights under 64 MiB
@@ -620,18 +622,41 @@ TokensMap tokens_map(const at::Tensor& a) {
 template <typename T, int TOKENS>
 constexpr int kSharedRingKb = std::is_same_v<T, float> && TOKENS > 64 ? kShape[2] : kShape[1];
 
+// A bmm batch of short K-contiguous rows in 16 bits (attention's keys in q @ k^T, heads of
+// 64-256 elements): in the rings above a block streams its 64 rows in one or two stages and
+// spends most of its life starting, waiting for its first boxes and storing its sums, and only
+// two blocks share an SM to overlap those. A ring of two one-box stages (18-48 KB, 32 KB at 64
+// tokens) lets four to eight share one (registers allow as many). On an H200 (CUDA graphs,
+// entries rotated past L2) fp16 q @ k^T ran 1.08-1.29 times as fast with it, bf16 likewise:
+// 32 x [4096, 128] keys at 0.79-0.98x of torch.bmm over 1-64 tokens (0.62-0.77x before),
+// 32 x [1024, 128] at 0.85-1.15x (0.79-0.94x); 8 x [4096, 256] at 0.83-1.07x. Single products
+// keep the rings above: those measured (up to 16384 rows) fill the SMs in one wave, with no
+// waiting block to overlap, and 16384 x 128 at 24-64 tokens ran at 0.85-1.05x of torch.mm here,
+// under the 1.08-1.11x measured on the deep rings at 24-32 tokens (another run). K this short
+// never splits (kMinStepsPerSplit).
+constexpr int64_t kShortRingMaxK = 256;
+template <int TOKENS>
+constexpr int kShortRingKb = 2 * (kRows + TOKENS) * kRowUnits * 2 / 1024;
+
 // out [entries, >= M * N]: each entry's [M, N] product at the start of its row (a single
 // product's [M, N] is one such row).
 template <typename T, int TOKENS, bool kWKMajor>
 void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, bool shared_w,
                   at::Tensor& out, int64_t entries, int64_t M, int64_t N, int64_t K) {
-  using Shared = Ring<T, TOKENS, kSharedRingKb<T, TOKENS>>;
-  using Alone = Ring<T, TOKENS, kShape[2]>;
   const int sms = device_info_for(out.device())->multiProcessorCount;
-  const Plan shared = plan<T, Shared, kWKMajor>(N, K, entries, sms);
-  const Plan alone = plan<T, Alone, kWKMajor>(N, K, entries, sms);
   const Entries layout{entries > 1 ? out.stride(0) : 0, shared_w};
   T* to = static_cast<T*>(out.data_ptr());
+  if constexpr (kWKMajor && !std::is_same_v<T, float>) {
+    if (entries > 1 && K <= kShortRingMaxK) {
+      using Short = Ring<T, TOKENS, kShortRingKb<TOKENS>>;
+      const Plan short_k = plan<T, Short, true>(N, K, entries, sms);
+      return launch<T, Short, true>(short_k, w_map, x_map, to, layout, M, N, K);
+    }
+  }
+  using Shared = Ring<T, TOKENS, kSharedRingKb<T, TOKENS>>;
+  using Alone = Ring<T, TOKENS, kShape[2]>;
+  const Plan shared = plan<T, Shared, kWKMajor>(N, K, entries, sms);
+  const Plan alone = plan<T, Alone, kWKMajor>(N, K, entries, sms);
   if (alone.busiest_k < shared.busiest_k) {
     launch<T, Alone, kWKMajor>(alone, w_map, x_map, to, layout, M, N, K);
   } else {
@@ -795,10 +820,17 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 //   0.44-1.22x, 32 x [512, 2048] 0.94-1.07x against 0.48-1.00x (level up to 3 tokens). Fewer rows
 //   stay on rung 10: 8 x [128, 4096] at 0.92-3.03x here against 0.93-3.25x, 16 x [64, 1024] up
 //   to 16 tokens 1.34-2.03x against 1.36-2.19x (though 4 x [64, 4096] ran 1.65-2.39x here against
-//   1.57-2.24x); so do q @ k^T over 32 x [1024 or 4096, 64 or 128] keys, 0.41-0.94x here against
-//   0.64-1.46x on rung 10's short rows. Entries of kLargeEntryBytes or more past 8 tokens stay
-//   here whatever their shape, as they ran entry by entry before this kernel: one launch each
-//   cost 5-7 us of the host's time.
+//   1.57-2.24x). Entries of kLargeEntryBytes or more past 8 tokens stay here whatever their
+//   shape, as they ran entry by entry before this kernel: one launch each cost 5-7 us of the
+//   host's time.
+// - 16-bit K-contiguous entries of kMaxShortRowsBatchK < K <= kShortRingMaxK and N >=
+//   kMinBatchRows (q @ k^T over heads of 128-256 elements), in the short-K ring: past 16 tokens,
+//   and at every count where K > 128. At 20-64 tokens 32 x [1024, 128] ran at 0.85-1.02x of
+//   torch.bmm here against 0.79-1.01x on rung 10's short rows, 32 x [4096, 128] 0.79-0.87x
+//   against 0.63-0.81x; 8 x [4096, 256] 0.83-1.07x against 0.40-1.01x at 1-64 tokens. Rung 10
+//   led or tied on heads of 128 up to 16 tokens (1.01-1.23x against 0.95-1.16x at 1-8 tokens;
+//   at 16, 0.91-1.09x against 0.93-1.08x), and on heads of 64 at every count (32 x [4096, 64]:
+//   0.69-0.94x against 0.58-0.83x at 20-64 tokens, 1.04-1.48x against 0.86-1.15x up to 16).
 // - float32 batches that rung 12 passes over: rung 10 copies row-major entries K-contiguous
 //   (0.12-0.95x of torch.bmm on p @ v, against 2.0-8.3x here at 9-64 tokens), and on q @ k^T at
 //   5-64 tokens ran at 0.50-1.15x where this rung ran 1.13-2.31x.
@@ -806,12 +838,17 @@ constexpr int64_t kMinRowMajorBatchK = 512;
 constexpr int64_t kMinBatchK = 1024;
 constexpr int64_t kMinBatchRows = 256;
 constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
+constexpr int64_t kMaxShortRowsBatchK = 64;
 
 bool batch_goes_lower(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() == at::kFloat) return false;
   const int64_t K = a.size(1), N = b.size(1);
   if (skinny::row_major(b)) return K < kMinRowMajorBatchK;
   if (K >= kMinBatchK && N >= kMinBatchRows) return false;
+  if (K > kMaxShortRowsBatchK && K <= kShortRingMaxK && N >= kMinBatchRows &&
+      (K > 128 || a.size(0) > 16)) {
+    return false;
+  }
   const int64_t bytes = b.numel() * static_cast<int64_t>(b.element_size());
   return !(a.size(0) > 8 && bytes >= kLargeEntryBytes);
 }
