@@ -838,7 +838,8 @@ constexpr int64_t kMinRowMajorBatchK = 512;
 constexpr int64_t kMinBatchK = 1024;
 constexpr int64_t kMinBatchRows = 256;
 constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
-constexpr int64_t kMaxShortRowsBatchK = 64;
+constexpr int64_t kMaxShortRowsBatchK = 64;   // rung 10 keeps these at every token count,
+constexpr int64_t kMaxShortRowsLeadK = 128;    // and these up to 16 tokens
 
 bool batch_goes_lower(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() == at::kFloat) return false;
@@ -846,7 +847,7 @@ bool batch_goes_lower(const at::Tensor& a, const at::Tensor& b) {
   if (skinny::row_major(b)) return K < kMinRowMajorBatchK;
   if (K >= kMinBatchK && N >= kMinBatchRows) return false;
   if (K > kMaxShortRowsBatchK && K <= kShortRingMaxK && N >= kMinBatchRows &&
-      (K > 128 || a.size(0) > 16)) {
+      (K > kMaxShortRowsLeadK || a.size(0) > 16)) {
     return false;
   }
   const int64_t bytes = b.numel() * static_cast<int64_t>(b.element_size());
