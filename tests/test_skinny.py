@@ -590,9 +590,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
     elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
     rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
-    (skinny_short_rows) where chunks x token tiles are at most 8 or k <= 64, or past 16 (in
-    passes) on rows of k <= 128 with at most 64 rows per SM; and at 17-64 tokens rows of
-    k <= 128 while its 16-row blocks fit at once. Above them skinny_gemv, where
+    (skinny_short_rows) where chunks x token tiles are at most 8 or k <= 64; and at 17-64
+    tokens rows of k <= 128 while its 16-row blocks fit at once. Above them skinny_gemv, where
     gemv_takes says so."""
     names = [name for name in skinny_algorithms() if dtype in dtypes_of(name)]
     if "skinny_gemv" in names and gemv_takes(m, n, k, dtype):
@@ -609,7 +608,7 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         return "skinny" if m <= 8 or (m <= 16 and n * k <= 4096 * 4096) else highest
     if m > 8 and skinny_short_rows(m, n, k):
         fragments = short_rows_fragments(m, k)
-        if fragments <= 8 or k <= 64 or (fragments > 16 and k <= 128 and n <= 64 * sm_count()):
+        if fragments <= 8 or k <= 64:
             return "skinny"
     small_weight = n * k * dtype.itemsize < 64 * 2**20
     one_wave = rung10_blocks_fit_at_once(n)

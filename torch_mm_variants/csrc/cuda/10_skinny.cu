@@ -815,7 +815,7 @@ void skinny_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   if constexpr (sizeof(T) == 2) {
     if (skinny::row_major(b)) return launch_for_tokens<T, true>(x, ldx, b, b.stride(0), out);
   }
-  const auto [w, ldw] = skinny::weight(b);
+  const auto [w, ldw] = skinny::batch_weights(b, false).first;
   launch_for_tokens<T, false>(x, ldx, w, ldw, out);
 }
 

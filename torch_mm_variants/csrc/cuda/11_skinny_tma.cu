@@ -60,6 +60,9 @@
 //   0.62-0.91x of torch.bmm; this one at 0.89-1.13x (H200; batch_goes_lower has the rest).
 //   Batches of short K-contiguous rows (q @ k^T's keys) take a ring of small stages, so that
 //   four to eight blocks share an SM (kShortRingMaxK).
+// - The sums go out through shared memory, 16 bytes a thread (store_sums): with the tokens as
+//   wgmma's N, a thread's sums are scattered over tokens, and where the output is as large as the
+//   weight (q @ k^T at 48-64 tokens) storing them one by one cost a third of the time.
 // Measured on an H200 (scripts/bench_skinny.py), in 16 bits it streams the large weights at
 // 3.0-3.2 TB/s at every M up to 64 with L2 cleared before each call, and at 3.7-3.9 TB/s back to
 // back in a CUDA graph: 1.02-1.19x of torch.mm's speed. Up to 16 tokens on weights under 64 MiB
@@ -202,6 +205,41 @@ __device__ __forceinline__ void for_each_sum(const float (&d)[TOKENS / 2], const
 // one for_each_sum step in 32 different banks.
 [[maybe_unused]] constexpr int kPartialPitch = kRows + 4;
 
+// A whole K's sums, out[m][n0 .. n0 + 63] for every token m, rounded to T, go to global memory
+// through shared memory (the ring, free by now): each token's 64 values are 8 (16-bit) or 16
+// (float) runs of 16 bytes, stored whole, 8 or 16 threads to a token's 128 or 256 bytes. Stored
+// from the accumulators directly, a warp's store instruction covers 16 bytes of each of 4 tokens
+// (2 bytes a thread in 16 bits). That matters where the output is as large as the weight: on keys
+// of 64 at 64 tokens (q @ k^T), a tile's output is as large as its weight tile, and there the
+// direct stores ran at 0.64x of torch.bmm, these at 0.90x (32 x [4096, 64], H200).
+// In the staging tile, run c of token m sits at run c ^ (m % 8) of the token's line, so that the
+// 4 tokens of a warp's accumulator store fall in different banks.
+template <typename T, int TOKENS>
+__device__ __forceinline__ void store_sums(const float (&d)[TOKENS / 2], uint8_t* tile, T* out,
+                                           int M, int N, int n0) {
+  constexpr int kRunElems = 16 / sizeof(T), kRuns = kRows / kRunElems;
+  constexpr int kLine = kRows * sizeof(T);
+  const auto at = [&](int m, int run) { return tile + m * kLine + ((run ^ (m % 8)) << 4); };
+  for_each_sum<TOKENS>(d, [&](int m, int row, float v) {
+    *reinterpret_cast<T*>(at(m, row / kRunElems) + row % kRunElems * sizeof(T)) =
+        static_cast<T>(v);
+  });
+  hopper::named_barrier_sync(1, 128);
+  // Whole runs where out's rows start 16-byte aligned; element by element otherwise.
+  const bool whole = N % kRunElems == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  for (int i = threadIdx.x; i < M * kRuns; i += 128) {
+    const int m = i / kRuns, run = i % kRuns, row = n0 + run * kRunElems;
+    if (row >= N) continue;
+    T* to = out + static_cast<int64_t>(m) * N + row;
+    if (whole) {
+      *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(at(m, run));
+    } else {
+      const T* from = reinterpret_cast<const T*>(at(m, run));
+      for (int e = 0; e < kRunElems && row + e < N; ++e) to[e] = from[e];
+    }
+  }
+}
+
 // d (+)= a stage's product, 16-bit: the weight tile is wgmma's A (K-major, or N-major read
 // transposed), the x tile its B, both straight from shared memory.
 template <typename T, class R, bool kWKMajor>
@@ -300,7 +338,7 @@ __device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], con
 // core's own additions keep fewer bits), and splits the next stage's x while the tensor core
 // multiplies.
 template <typename T, class R, bool kWKMajor>
-__device__ __forceinline__ void consume(const uint16_t* w_tiles, uint16_t* x_tiles,
+__device__ __forceinline__ void consume(uint16_t* w_tiles, uint16_t* x_tiles,
                                         uint16_t* x_small_tiles, uint64_t* full, uint64_t* empty,
                                         int steps, T* out, float* partial, int M, int N, int n0) {
   constexpr int TOKENS = R::tokens();
@@ -342,15 +380,14 @@ __device__ __forceinline__ void consume(const uint16_t* w_tiles, uint16_t* x_til
     }
     if (threadIdx.x % 32 == 0) hopper::mbarrier_arrive(&empty[s]);
   }
+  static_assert(TOKENS * kPartialPitch * sizeof(float) <= R::kStages * R::kStageBytes &&
+                TOKENS * kRows * sizeof(T) <= R::kStages * R::kStageBytes);
+  // The sums overwrite the ring: every warp's last multiply must have read it first.
+  hopper::named_barrier_sync(1, 128);
   if (partial != nullptr) {
-    static_assert(TOKENS * kPartialPitch * sizeof(float) <= R::kStages * R::kStageBytes);
-    // The tile overwrites the ring: every warp's last multiply must have read it first.
-    hopper::named_barrier_sync(1, 128);
     for_each_sum<TOKENS>(d, [&](int m, int row, float v) { partial[m * kPartialPitch + row] = v; });
   } else {
-    for_each_sum<TOKENS>(d, [&](int m, int row, float v) {
-      if (m < M && n0 + row < N) out[static_cast<int64_t>(m) * N + n0 + row] = static_cast<T>(v);
-    });
+    store_sums<T, TOKENS>(d, reinterpret_cast<uint8_t*>(w_tiles), out, M, N, n0);
   }
 }
 
@@ -780,14 +817,12 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // chunks x tiles are at most 8, or at 16 on rows of at most 64 elements: on an H200 this rung
   // ran 16384 x 128 at 24-32 tokens at 1.08-1.11x of torch.mm (short rows 1.06-1.09x) and
   // 16384 x 256 at 16 at 1.05-1.06x (1.01-1.02x), but 14336 x 64 at 48-64 at 0.85-0.88x (short
-  // rows 1.03-1.05x). Also in passes (past 16 fragments: 33-64 tokens) on rows of at most 128
-  // elements, while there are at most 64 rows per SM: there (H200, 4500-8192 rows of 128 at 33,
-  // 40, 48, 56 and 64 tokens) it ran at 1.01-1.45x of torch.mm against this rung's 0.94-1.34x,
-  // ahead in 19 of 20 cases; at 10240 rows the two were level (0.97-1.04x).
+  // rows 1.03-1.05x). In passes (past 16 fragments: 33-64 tokens) on rows of 128 this rung is
+  // the faster since it stores its sums through shared memory (store_sums): on 4608-10240 rows at
+  // 40-64 tokens (H200) at 1.05-1.14x of torch.mm against 0.96-1.08x, level at 4608.
   if (M > 8 && !skinny::row_major(b) && skinny::short_rows_fit(M, K, N, sms)) {
     const int64_t fragments = skinny::short_rows_fragments(M, K);
     if (fragments <= 8 || K <= 64) return true;
-    if (fragments > skinny::kShortMaxFragments && K <= 128 && N <= 64 * sms) return true;
   }
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
   // Where rung 10's 16-row blocks fit on the GPU at once (two per SM): up to 16 tokens, and up
@@ -823,14 +858,16 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 //   1.57-2.24x). Entries of kLargeEntryBytes or more past 8 tokens stay here whatever their
 //   shape, as they ran entry by entry before this kernel: one launch each cost 5-7 us of the
 //   host's time.
-// - 16-bit K-contiguous entries of kMaxShortRowsBatchK < K <= kShortRingMaxK and N >=
-//   kMinBatchRows (q @ k^T over heads of 128-256 elements), in the short-K ring: past 16 tokens,
-//   and at every count where K > 128. At 20-64 tokens 32 x [1024, 128] ran at 0.85-1.02x of
-//   torch.bmm here against 0.79-1.01x on rung 10's short rows, 32 x [4096, 128] 0.79-0.87x
-//   against 0.63-0.81x; 8 x [4096, 256] 0.83-1.07x against 0.40-1.01x at 1-64 tokens. Rung 10
-//   led or tied on heads of 128 up to 16 tokens (1.01-1.23x against 0.95-1.16x at 1-8 tokens;
-//   at 16, 0.91-1.09x against 0.93-1.08x), and on heads of 64 at every count (32 x [4096, 64]:
-//   0.69-0.94x against 0.58-0.83x at 20-64 tokens, 1.04-1.48x against 0.86-1.15x up to 16).
+// - 16-bit K-contiguous entries of kMinShortRingBatchK <= K <= kShortRingMaxK and N >=
+//   kMinBatchRows (q @ k^T over heads of 64-256 elements), in the short-K ring, past
+//   short_rows_lead_tokens(K): on heads of 64 past 32 tokens, of 128 past 8, of 256 at every
+//   count. With sums stored through shared memory (store_sums), at 40-64 tokens 32 x [4096, 64]
+//   ran at 0.88-0.92x of torch.bmm here against 0.68-0.70x on rung 10's short rows, 32 x
+//   [1024, 64] 1.10-1.16x against 1.05-1.07x; at 10-64 tokens 32 x [4096, 128] 0.95-1.00x
+//   against 0.64-0.93x, 32 x [1024, 128] 1.04-1.10x against 0.80-1.09x; 8 x [4096, 256]
+//   1.00-1.04x against 0.40-1.01x at 8-64 tokens. Rung 10 led on heads of 64 up to 32 tokens
+//   (32 x [4096, 64]: 0.91-1.37x against 0.89-1.13x; tied at 32) and of 128 at 8 (1.03x and
+//   1.18x against 0.98x and 1.10x).
 // - float32 batches that rung 12 passes over: rung 10 copies row-major entries K-contiguous
 //   (0.12-0.95x of torch.bmm on p @ v, against 2.0-8.3x here at 9-64 tokens), and on q @ k^T at
 //   5-64 tokens ran at 0.50-1.15x where this rung ran 1.13-2.31x.
@@ -838,16 +875,22 @@ constexpr int64_t kMinRowMajorBatchK = 512;
 constexpr int64_t kMinBatchK = 1024;
 constexpr int64_t kMinBatchRows = 256;
 constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
-constexpr int64_t kMaxShortRowsBatchK = 64;   // rung 10 keeps these at every token count,
-constexpr int64_t kMaxShortRowsLeadK = 128;    // and these up to 16 tokens
+constexpr int64_t kMinShortRingBatchK = 64;
+
+// The token counts up to which rung 10's short rows stay ahead of the short-K ring on a batch of
+// K-contiguous rows of K elements, kMinShortRingBatchK <= K <= kShortRingMaxK.
+int64_t short_rows_lead_tokens(int64_t K) {
+  if (K <= 64) return 32;
+  return K <= 128 ? 8 : 0;
+}
 
 bool batch_goes_lower(const at::Tensor& a, const at::Tensor& b) {
   if (a.scalar_type() == at::kFloat) return false;
   const int64_t K = a.size(1), N = b.size(1);
   if (skinny::row_major(b)) return K < kMinRowMajorBatchK;
   if (K >= kMinBatchK && N >= kMinBatchRows) return false;
-  if (K > kMaxShortRowsBatchK && K <= kShortRingMaxK && N >= kMinBatchRows &&
-      (K > kMaxShortRowsLeadK || a.size(0) > 16)) {
+  if (K >= kMinShortRingBatchK && K <= kShortRingMaxK && N >= kMinBatchRows &&
+      a.size(0) > short_rows_lead_tokens(K)) {
     return false;
   }
   const int64_t bytes = b.numel() * static_cast<int64_t>(b.element_size());

@@ -527,7 +527,7 @@ template <typename T>
 void skinny_gemv_typed(const at::Tensor& a, const at::Tensor& b, at::Tensor& out) {
   skinny::check_extents(a, b, "skinny_gemv");
   const bool n_major = skinny::row_major(b);
-  const skinny::Rows w = n_major ? skinny::Rows{b, b.stride(0)} : skinny::weight(b);
+  const skinny::Rows w = skinny::batch_weights(b, n_major).first;
   launch_gemv<T>(skinny::tokens<T>(a), w, n_major, out);
 }
 

@@ -48,17 +48,8 @@ struct Rows {
   int64_t ld;
 };
 
-// w = b.t(), [N, K], K-contiguous: the nn.Linear weight read in place. Other layouts of b are
-// copied into it first.
-inline Rows weight(const at::Tensor& b) {
-  const int64_t N = b.size(1), K = b.size(0);
-  at::Tensor w = b.t();
-  if (!(w.stride(1) == 1 || K == 1)) w = w.contiguous();
-  return {w, N == 1 ? 0 : w.stride(0)};
-}
-
 // Whether b [K, N] is a weight stored row-major (N-contiguous, x @ w for a w kept [in, out]),
-// which `weight` would copy K-contiguous. Rung 10 reads 16-bit ones in place.
+// which batch_weights would copy K-contiguous. Rung 10 reads 16-bit ones in place.
 inline bool row_major(const at::Tensor& b) {
   return b.size(0) > 1 && b.size(1) > 1 && b.stride(1) == 1 && b.stride(0) != 1;
 }
@@ -129,8 +120,7 @@ inline bool rung10_blocks_fit_at_once(int64_t rows, int64_t sms) { return rows <
 // passes, batches of 8 and 32 entries of 2048-8192 keys of 128 and 256 elements at 0.48-0.70x,
 // where skinny_kernel ran 0.23-0.44x. 14336-16384 rows of 32-128 elements at 1.03-1.38x of
 // torch.mm, where rung 11 ran 0.59-1.18x (rung 11 keeps the single products from 16 fragments
-// on but on rows of at most 64 elements, and past 16 on rows of at most 128 up to 64 rows per
-// SM: rung10_is_faster).
+// on but on rows of at most 64 elements: rung10_is_faster).
 // Up to 32 rows per SM skinny_kernel's blocks of 16 rows fit on the GPU at once (two per SM), and
 // it was the faster: 4096 rows at 16 tokens, 64 blocks of 4 warps here, took 2.46 against 2.22
 // us (with 2-byte stores). Past them its blocks take a second wave, and on 4352-6144 rows of 32,
