@@ -191,7 +191,7 @@ def test_narrow_expert_batches_count_their_rows_together(dtype):
     sms = sm_count()
     for entries, n, k, m in [(8, 128, 4096, 1), (16, 64, 1024, 2), (8, 128, 4096, 3),
                              (8, 128, 1000, 1), (4, 64, 4096, 1), (16, 256, 1024, 1),
-                             (3, 200, 1032, 2)]:
+                             (3, 200, 1032, 2), (8, 512, 512, 3), (4, 1024, 384, 5)]:
         a = torch.randn(entries, m, k, device="cuda", dtype=dtype)
         w = torch.randn(entries, n, k, device="cuda", dtype=dtype)
         rows = entries * n

@@ -586,10 +586,11 @@ def test_auto_and_a_large_16bit_row_major_weight_rung11_does_not_take(m, dtype):
 def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
     one measured faster: in 16 bits on weights under 64 MiB, up to 8 tokens, and at 16 while its
-    16-row blocks fit on the GPU at once (two per SM); in float32 up to 8 tokens, and at 16 on
-    weights of up to 4096 x 4096; and at every token count on small weights (up to 256 x 256
-    elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most 1024
-    rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
+    16-row blocks fit on the GPU at once (two per SM), but not where skinny_tma's blocks reach
+    more than half the SMs and skinny splits K or runs 9-16 tokens; in float32 up to 8 tokens,
+    and at 16 on weights of up to 4096 x 4096; and at every token count on small weights (up to
+    256 x 256 elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most
+    1024 rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
     (skinny_short_rows) where chunks x token tiles are at most 8 or k <= 64; and at 17-64
     tokens rows of k <= 128 while its 16-row blocks fit at once. Above them skinny_gemv, where
     gemv_takes says so."""
@@ -610,11 +611,17 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
         fragments = short_rows_fragments(m, k)
         if fragments <= 8 or k <= 64:
             return "skinny"
-    small_weight = n * k * dtype.itemsize < 64 * 2**20
+    if n * k * dtype.itemsize >= 64 * 2**20:
+        return highest
     one_wave = rung10_blocks_fit_at_once(n)
-    if small_weight and (m <= 8 or (one_wave and (m <= 16 or k <= 128))):
+    if one_wave and k <= 128:
         return "skinny"
-    return highest
+    # skinny_tma's 64-row blocks in up to 8 K splits reach more than half the SMs, and skinny
+    # splits K (its 16-row blocks are fewer than the SMs) or runs 9-16 tokens.
+    reaches_half = 2 * -(-n // 64) * 8 > sm_count()
+    if reaches_half and (m > 8 or -(-n // 16) < sm_count()):
+        return highest
+    return "skinny" if m <= 8 or (one_wave and m <= 16) else highest
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
@@ -637,7 +644,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (48, 2048, 128), (64, 4096, 32), (24, 6144, 64),
                                      (40, 4096, 129), (17, 4224, 128), (17, 4225, 128),
                                      (33, 4500, 96), (64, 8448, 128), (64, 8449, 128),
-                                     (40, 10240, 128), (32, 6144, 128), (40, 6144, 129)])
+                                     (40, 10240, 128), (32, 6144, 128), (40, 6144, 129),
+                                     (8, 2048, 2048), (8, 3072, 3072), (12, 3072, 3072),
+                                     (8, 600, 4096), (16, 512, 4096), (12, 8192, 2048)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")

@@ -67,7 +67,8 @@
 // 3.0-3.2 TB/s at every M up to 64 with L2 cleared before each call, and at 3.7-3.9 TB/s back to
 // back in a CUDA graph: 1.02-1.19x of torch.mm's speed. Up to 16 tokens on weights under 64 MiB
 // rung 10's loads stream as fast with L2 cleared, and on an H100 3-5% faster in both timings, so
-// `auto` keeps rung 10 there, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
+// `auto` keeps rung 10 there, but where rung 10 splits K and this rung's blocks reach more than
+// half the SMs, and in float32 up to 8 or 16 tokens (rung10_is_faster below).
 // TMA needs 16-byte aligned rows: an x that is not gets copied (it is small); a K-contiguous w
 // that is not takes rung 10's kernel up to 64 tokens (and past them is copied into aligned rows),
 // and a row-major one is copied K-contiguous.
@@ -115,6 +116,8 @@ struct Ring {
   // it (host, sm_80) would flag a constant as unused.
   __host__ __device__ static constexpr int tokens() { return TOKENS; }
   static constexpr int kSmemPerBlock = SMEM_KB * 1024;
+  // Whether two blocks of this ring fit on an SM (all but the deep ring).
+  static constexpr bool kTwoPerSm = 2 * SMEM_KB <= kShape[2];
   static constexpr int kWBox = kRows * kRowUnits, kXBox = TOKENS * kRowUnits;  // 2-byte units
   static constexpr int kXSlots = std::is_same_v<T, float> ? 2 : 1;
   // At least kMinStages stages of kBoxes boxes each must fit. float32 holds a stage while it
@@ -534,14 +537,31 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-// A launch of the kernel with ring R: its K split, its grid, and the k that the busiest SM
-// streams (the block scheduler gives every SM a block before any gets a second). Streaming is
-// what takes the time, so that k is what the host compares between the two rings.
+// A launch of the kernel with ring R: its K split, its grid, the blocks on the busiest SM and the
+// k that SM streams. Streaming is what takes the time, so that k is what the host compares
+// between the two rings (launch_rings).
 struct Plan {
   int per_split;
   dim3 grid;
+  int64_t busiest_blocks;
   int64_t busiest_k;
 };
+
+// The blocks of a launch of `blocks` blocks in `splits` K splits that the busiest SM runs. The
+// block scheduler gives every SM a block before any gets a second, but 16-bit launches of the
+// two-per-SM ring split over clusters ran as if two of their blocks shared an SM as soon as
+// there were more blocks than half the SMs. On an H200 (CUDA graphs, weights rotated past L2,
+// bf16 at 8-64 tokens), where both rings' launches spread one block per SM, the deep ring ran
+// 1.20-1.33 times as fast on 1024 x 4096 and 1024 x 8192 weights (shared ring 128 blocks, deep
+// ring 96), 1.18-1.25 on 2048 x 2048 (128 against 96), 1.26-1.27 on p @ v over 8 x [8192, 128]
+// values (128 against 96); with 64 blocks the two-per-SM ring held its own (1024 x 2048:
+// 1.01-1.06 times the deep ring's speed; p @ v over 4 x [8192, 128] values: 1.16).
+template <typename T, class R>
+int64_t busiest_sm_blocks(int64_t blocks, int64_t splits, int sms) {
+  const int64_t spread = ceil_div(blocks, sms);
+  const bool paired = sizeof(T) == 2 && R::kTwoPerSm && splits > 1 && 2 * blocks > sms;
+  return paired ? std::max<int64_t>(spread, 2) : spread;
+}
 
 // `entries`: of a bmm batch, whose blocks all count (one column of blocks per entry's 64 rows).
 template <typename T, class R, bool kWKMajor>
@@ -551,10 +571,11 @@ Plan plan(int64_t N, int64_t K, int64_t entries, int sms) {
       steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1,
                       row_blocks * entries, k_steps, kMaxSplits, kMinStepsPerSplit);
   const int64_t splits = ceil_div(k_steps, per_split);
+  const int64_t busiest = busiest_sm_blocks<T, R>(row_blocks * entries * splits, splits, sms);
   return {per_split,
           dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
                static_cast<unsigned>(entries)),
-          ceil_div(row_blocks * entries * splits, sms) * per_split * R::kStepK};
+          busiest, busiest * per_split * R::kStepK};
 }
 
 template <typename T, class R, bool kWKMajor>
@@ -653,7 +674,12 @@ TokensMap tokens_map(const at::Tensor& a) {
 // SM with a deeper ring wins where the two-per-SM split leaves some SMs with two blocks and
 // others with one (64 tokens on a 4096 x 4096 weight: 3 splits of 64 row blocks, 192 blocks on
 // 132 SMs; alone, 2 splits put one block on each of 128 SMs, and the busiest SM streams a
-// quarter less).
+// quarter less). Where the busiest SMs stream as much k either way, 16 bits take the deep ring
+// alone if the other puts two blocks on them: on an H200 (CUDA graphs, weights rotated past L2,
+// bf16 at 8-64 tokens) 6144 x 2048, 6144 x 4096 and 6144 x 8192 weights ran 1.07-1.17 times as
+// fast so (96 blocks against 192 in two splits). float32's 3xTF32 multiplies keep an SM busier,
+// and there two blocks per SM were the faster (6144 x 2048 at 8-32 tokens: 1.33-1.43 times the
+// deep ring's speed), so float32 takes the deep ring only for less k.
 // 128 float32 tokens fit their three stages in the deep ring only (two slots of x, 16 KB each, per
 // 8 KB of weight): both rings are the deep one there.
 template <typename T, int TOKENS>
@@ -675,6 +701,13 @@ constexpr int64_t kShortRingMaxK = 256;
 template <int TOKENS>
 constexpr int kShortRingKb = 2 * (kRows + TOKENS) * kRowUnits * 2 / 1024;
 
+// The deep ring's plan against the two-per-SM ring's (see kSharedRingKb).
+template <typename T>
+bool alone_is_faster(const Plan& alone, const Plan& shared) {
+  if (alone.busiest_k != shared.busiest_k) return alone.busiest_k < shared.busiest_k;
+  return sizeof(T) == 2 && alone.busiest_blocks < shared.busiest_blocks;
+}
+
 // out [entries, >= M * N]: each entry's [M, N] product at the start of its row (a single
 // product's [M, N] is one such row).
 template <typename T, int TOKENS, bool kWKMajor>
@@ -694,7 +727,7 @@ void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, bool share
   using Alone = Ring<T, TOKENS, kShape[2]>;
   const Plan shared = plan<T, Shared, kWKMajor>(N, K, entries, sms);
   const Plan alone = plan<T, Alone, kWKMajor>(N, K, entries, sms);
-  if (alone.busiest_k < shared.busiest_k) {
+  if (alone_is_faster<T>(alone, shared)) {
     launch<T, Alone, kWKMajor>(alone, w_map, x_map, to, layout, M, N, K);
   } else {
     launch<T, Shared, kWKMajor>(shared, w_map, x_map, to, layout, M, N, K);
@@ -778,9 +811,10 @@ void skinny_tma_batched(const at::Tensor& a_in, const at::Tensor& b_in, at::Tens
 
 // Where rung 10 measured faster in 16 bits (scripts/bench_skinny.py): up to 8 tokens, and at 16
 // as long as its 16-row blocks all fit on the GPU at once (two per SM), on weights under
-// kLargeWeight. On 4096 x 4096 an H100 ran it level with this rung or up to 6% ahead with L2
-// cleared before each call, and 3-5% ahead back to back in a CUDA graph; an H200 ran the two
-// level with L2 cleared and this rung 5-12% ahead back to back; all at 1.00-1.26x of torch.mm.
+// kLargeWeight (but for the narrower weights of rung10_is_faster below). On 4096 x 4096 an H100
+// ran it level with this rung or up to 6% ahead with L2 cleared before each call, and 3-5% ahead
+// back to back in a CUDA graph; an H200 ran the two level with L2 cleared and this rung 5-12%
+// ahead back to back; all at 1.00-1.26x of torch.mm.
 // From 32 tokens on, rung 10's blocks re-read x from L2 and this rung is up to four times faster
 // (but not on rows of at most 128 elements, rung10_is_faster below).
 // Weights of kLargeWeight bytes and more (14336 x 4096 in 16 bits) stay here at every token
@@ -806,6 +840,12 @@ bool small_weight(const at::Tensor& a, int64_t N, int64_t K) {
   return N * K <= 512 * 512 || (N <= 1024 && N * K <= 1024 * 4096);
 }
 
+// Whether this rung's 64-row blocks, split K as far as it goes, are more than half as many as
+// the SMs (more than 528 rows on 132 SMs).
+bool reaches_half_the_sms(int64_t N, int sms) {
+  return 2 * ceil_div(N, int64_t{kRows}) * kMaxSplits > sms;
+}
+
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   // A row-major weight TMA can address this rung reads in place (rung 10 copies float32 ones).
@@ -825,13 +865,24 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
     if (fragments <= 8 || K <= 64) return true;
   }
   if (N * K * static_cast<int64_t>(a.element_size()) >= kLargeWeight) return false;
-  // Where rung 10's 16-row blocks fit on the GPU at once (two per SM): up to 16 tokens, and up
-  // to 64 on K-contiguous rows of at most 128 elements. On an H200 (1024-4096 rows of K 32,
-  // 64 and 128 at 17-64 tokens: 99 cases, bf16 and fp16) rung 10 ran at 0.91-1.39x of torch.mm
-  // there, ahead of this rung's 0.72-1.10x in every case; at 6144 rows this rung led
-  // (0.69-1.11x against 0.62-0.88x) or tied.
+  // Where rung 10's 16-row blocks fit on the GPU at once (two per SM), on K-contiguous rows of
+  // at most 128 elements. On an H200 (1024-4096 rows of K 32, 64 and 128 at 17-64 tokens: 99
+  // cases, bf16 and fp16) rung 10 ran at 0.91-1.39x of torch.mm there, ahead of this rung's
+  // 0.72-1.10x in every case; at 6144 rows this rung led (0.69-1.11x against 0.62-0.88x) or tied.
   const bool one_wave = skinny::rung10_blocks_fit_at_once(N, sms);
-  return M <= 8 || (one_wave && (M <= 16 || (K <= 128 && !skinny::row_major(b))));
+  if (one_wave && K <= 128 && !skinny::row_major(b)) return true;
+  // Up to 8 tokens rung 10 keeps the weights its blocks cover without a K split, and up to 16
+  // those its blocks fit at once, but not where this rung's blocks reach more than half the SMs
+  // and rung 10 splits K or runs 9-16 tokens. On an H200 (CUDA graphs, weights rotated past L2,
+  // bf16 and fp16, each ring's launch planned by busiest_sm_blocks), at 4-16 tokens on 1024 x
+  // 1024 to 2048 x 8192 weights (rung 10 splitting K) this rung ran at 1.16-2.40x of torch.mm
+  // against 0.94-2.54x, ahead in 38 of 42 cases by up to 32% (behind by 4-6% on 1024 x 1024 up
+  // to 8 tokens, 2-3% on 2048 x 1024 at 12-16); on 3072 x 3072 to 4096 x 14336 at 12-16 at
+  // 1.08-1.26x against 0.99-1.26x. Where rung 10 splits no K, up to 8 tokens, the two were within
+  // 6% of each other (4096 x 1024 to 8192 x 2048) but on 3072 x 3072 (rung 10 1.32-1.41x, this
+  // rung 1.24-1.26x).
+  if (reaches_half_the_sms(N, sms) && (M > 8 || skinny::rung10_splits_k(N, sms))) return false;
+  return M <= 8 || (one_wave && M <= 16);
 }
 
 // Past 64 tokens `auto` takes this rung for float32 with TF32 off only: rung 9 then passes
@@ -858,6 +909,10 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 //   1.57-2.24x). Entries of kLargeEntryBytes or more past 8 tokens stay here whatever their
 //   shape, as they ran entry by entry before this kernel: one launch each cost 5-7 us of the
 //   host's time.
+// - 16-bit K-contiguous entries of kShortRingMaxK < K < kMinBatchK, from kMinMidKBatchRows rows:
+//   after busiest_sm_blocks, at 1-64 tokens 8 x [4096, 384], 8 x [4096, 512], 32 x [1024, 512]
+//   and 8 x [2048, 768] ran at 0.87-1.02x here against 0.35-1.00x (two runs); 16 x [256, 512]
+//   stays on rung 10 (1.11-1.33x against 1.04-1.15x up to 32 tokens).
 // - 16-bit K-contiguous entries of kMinShortRingBatchK <= K <= kShortRingMaxK and N >=
 //   kMinBatchRows (q @ k^T over heads of 64-256 elements), in the short-K ring, past
 //   short_rows_lead_tokens(K): on heads of 64 past 32 tokens, of 128 past 8, of 256 at every
@@ -874,6 +929,7 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 constexpr int64_t kMinRowMajorBatchK = 512;
 constexpr int64_t kMinBatchK = 1024;
 constexpr int64_t kMinBatchRows = 256;
+constexpr int64_t kMinMidKBatchRows = 1024;
 constexpr int64_t kLargeEntryBytes = int64_t(16) << 20;
 constexpr int64_t kMinShortRingBatchK = 64;
 
@@ -889,6 +945,7 @@ bool batch_goes_lower(const at::Tensor& a, const at::Tensor& b) {
   const int64_t K = a.size(1), N = b.size(1);
   if (skinny::row_major(b)) return K < kMinRowMajorBatchK;
   if (K >= kMinBatchK && N >= kMinBatchRows) return false;
+  if (K > kShortRingMaxK && N >= kMinMidKBatchRows) return false;
   if (K >= kMinShortRingBatchK && K <= kShortRingMaxK && N >= kMinBatchRows &&
       a.size(0) > short_rows_lead_tokens(K)) {
     return false;

@@ -107,6 +107,10 @@ inline int64_t short_rows_fragments(int64_t M, int64_t K) {
 // all fit on the GPU at once, two per SM: ceil(rows / 16) <= 2 sms, at most 32 rows per SM.
 inline bool rung10_blocks_fit_at_once(int64_t rows, int64_t sms) { return rows <= 32 * sms; }
 
+// Whether skinny_kernel's blocks of 16 rows over `rows` weight rows are fewer than the SMs, so
+// that it splits K over blocks (split_for) and adds the splits in a second pass.
+inline bool rung10_splits_k(int64_t rows, int64_t sms) { return (rows + 15) / 16 < sms; }
+
 // Whether short_rows_kernel takes M tokens of K-contiguous 16-bit rows of K elements over `rows`
 // weight rows (N, times a batch's entries), rows 16-byte aligned: K of at most 256, and 1-8
 // tokens, or up to 64 where the launch has more than 32 rows per SM. Where chunks x token tiles
