@@ -587,7 +587,8 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     """The highest skinny rung for the dtype, except that skinny_tma defers to skinny where that
     one measured faster: in 16 bits on weights under 64 MiB, up to 8 tokens, and at 16 while its
     16-row blocks fit on the GPU at once (two per SM), but not where skinny_tma's blocks reach
-    more than half the SMs and skinny splits K or runs 9-16 tokens; in float32 up to 8 tokens,
+    more than half the SMs and skinny splits K or runs 9-16 tokens, or up to 8 tokens they take
+    one place on every SM but at most an eighth; in float32 up to 8 tokens,
     and at 16 on weights of up to 4096 x 4096; and at every token count on small weights (up to
     256 x 256 elements in 16 bits; in float32 up to 512 x 512, or up to 1024 x 4096 with at most
     1024 rows); in 16 bits, short rows at 9-64 tokens that skinny's short-rows kernel takes
@@ -621,6 +622,10 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     reaches_half = 2 * -(-n // 64) * 8 > sm_count()
     if reaches_half and (m > 8 or -(-n // 16) < sm_count()):
         return highest
+    # Up to 8 tokens skinny_tma's 64-row blocks take one place on every SM, or all but an eighth.
+    blocks = -(-n // 64)
+    if m <= 8 and blocks <= sm_count() and 8 * (sm_count() - blocks) <= sm_count():
+        return highest
     return "skinny" if m <= 8 or (one_wave and m <= 16) else highest
 
 
@@ -646,7 +651,9 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
                                      (33, 4500, 96), (64, 8448, 128), (64, 8449, 128),
                                      (40, 10240, 128), (32, 6144, 128), (40, 6144, 129),
                                      (8, 2048, 2048), (8, 3072, 3072), (12, 3072, 3072),
-                                     (8, 600, 4096), (16, 512, 4096), (12, 8192, 2048)])
+                                     (8, 600, 4096), (16, 512, 4096), (12, 8192, 2048),
+                                     (8, 8192, 2048), (1, 7680, 4096), (4, 8448, 1024),
+                                     (8, 7360, 4096), (2, 7361, 4096), (8, 8449, 1024)])
 def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     x = random_matrix(m, k, dtype, "cuda")
     w = random_matrix(n, k, dtype, "cuda")
@@ -720,15 +727,18 @@ def test_tma_short_k_ring(dtype):
 @pytest.mark.parametrize("m", [16, 64])
 def test_chain_of_dependent_calls(algorithm, dtype, m):
     """Launches that start while the kernel before them finishes (programmatic dependent launch:
-    skinny_tma's split launches, skinny's 16-bit ones from 9 tokens on sm_90a) wait for it before
-    reading x; so does skinny's pass that adds K splits, started early on sm_90a. Here each call
-    reads the previous call's output, eagerly and replayed from a CUDA graph, and every step
-    matches the float64 product of its own input. The weights of 1024 rows leave few blocks, so
-    their K is split (skinny_tma adds its splits inside the cluster; skinny in that pass, whose
-    output the next call reads), on GPUs with more SMs than skinny's 64 blocks of 16 rows."""
+    skinny_tma's split launches and its 16-bit unsplit ones whose blocks fill the SMs evenly,
+    skinny's 16-bit ones from 9 tokens on sm_90a) wait for it before reading x; so does skinny's
+    pass that adds K splits, started early on sm_90a. Here each call reads the previous call's
+    output, eagerly and replayed from a CUDA graph, and every step matches the float64 product of
+    its own input. The weights of 1024 rows leave few blocks, so their K is split (skinny_tma adds
+    its splits inside the cluster; skinny in that pass, whose output the next call reads), on
+    GPUs with more SMs than skinny's 64 blocks of 16 rows; skinny_tma's 128 blocks of the
+    8192-row weight fill one place on each of 132 SMs but 4."""
     torch.manual_seed(0)
     m = rows_for(algorithm, m)
-    shapes = [(4096, 4096), (1024, 4096), (4096, 1024), (1024, 4096), (4096, 1024)]
+    shapes = [(4096, 4096), (1024, 4096), (4096, 1024), (1024, 4096), (4096, 1024),
+              (8192, 4096), (4096, 8192)]
     weights = [random_matrix(n, k, dtype, "cuda") * 0.02 for n, k in shapes]
     x0 = random_matrix(m, 4096, dtype, "cuda")
 

@@ -39,8 +39,11 @@
 //   comes before any global memory access), and each lets the next kernel start the same way.
 //   Back to back in a CUDA graph, as decode runs in serving engines, this hides part of the gap
 //   between calls (H200, 16-64 tokens, two runs): 3-7% faster on 4096 x 4096, 12-20% on
-//   4096 x 1024, 0-2% on 4096 x 14336. Unsplit grids (14336 x 4096: 224 blocks, two on most
-//   SMs) launch as before: there the early start was 3-4% slower.
+//   4096 x 1024, 0-2% on 4096 x 14336. 16-bit unsplit grids start early only where their blocks
+//   fill one or both of every SM's two places, or all but an eighth of them (starts_early): the
+//   next call's blocks then take the places the last ones leave evenly. There 7680-8192 rows ran
+//   1-8% faster for it, 16384-16896 rows up to 4%; 9216-14336 rows (144-224 blocks, two on some
+//   SMs and one on others) ran 2-29% slower.
 // - float32 runs in 3xTF32, as in rung 10, with the weight's fragments split in registers (wgmma
 //   takes A from registers) and x's tile split in shared memory, three wgmmas per k8 step. The
 //   warpgroup splits the next stage's x while the tensor core multiplies, and each stage is
@@ -516,7 +519,7 @@ __global__ void __launch_bounds__(kThreads)
     hopper::fence_barrier_init();
   }
   __syncthreads();
-  // Launched early (split K), the block has set up its barriers while the previous kernel
+  // Launched early (starts_early), the block has set up its barriers while the previous kernel
   // finished; x may be that kernel's output, and out may be memory it still reads.
   hopper::wait_for_previous_grid();
   hopper::allow_next_grid();
@@ -545,6 +548,7 @@ struct Plan {
   dim3 grid;
   int64_t busiest_blocks;
   int64_t busiest_k;
+  bool early;
 };
 
 // The blocks of a launch of `blocks` blocks in `splits` K splits that the busiest SM runs. The
@@ -563,6 +567,30 @@ int64_t busiest_sm_blocks(int64_t blocks, int64_t splits, int sms) {
   return paired ? std::max<int64_t>(spread, 2) : spread;
 }
 
+// Whether `blocks` blocks fill one place on every SM, or two, but for at most an eighth of the
+// SMs' places.
+bool fills_the_sms_evenly(int64_t blocks, int sms) {
+  if (blocks > 2 * sms) return false;
+  const int64_t idle = (blocks <= sms ? sms : 2 * sms) - blocks;
+  return 8 * idle <= sms;
+}
+
+// Whether a launch of `blocks` blocks in `splits` K splits starts early (a programmatic dependent
+// launch, see the file's header): every split one, and a 16-bit single product of the two-per-SM
+// ring whose blocks fill the SMs evenly. Otherwise the next call's first blocks take the places
+// the SMs with one block have spare, and pile up there. Back to back in a CUDA graph (H200, bf16
+// and fp16, 1-64 tokens, weights rotated past L2), starting early took K = 4096 weights of 7680
+// and 8192 rows (120 and 128 blocks) from 1.00-1.08x of torch.mm to 1.03-1.11x, 8192 x 2048 from
+// 1.00-1.04x to 1.07-1.12x, 16384 and 16896 rows (K = 2048 and 4096; 256 and 264 blocks) from
+// 0.97-1.09x to 0.99-1.10x. It cost 8-29% on 9216-12288 rows (144-192 blocks), 2-10% on 13312
+// and 14336 (208 and 224), and up to 7% on 28672 (448 blocks, past both places); 15360 and
+// 20480 rows (240 and 320 blocks) moved by 2% or less.
+template <typename T, class R>
+bool starts_early(int64_t blocks, int64_t splits, int64_t entries, int sms) {
+  if (splits > 1) return true;
+  return sizeof(T) == 2 && R::kTwoPerSm && entries == 1 && fills_the_sms_evenly(blocks, sms);
+}
+
 // `entries`: of a bmm batch, whose blocks all count (one column of blocks per entry's 64 rows).
 template <typename T, class R, bool kWKMajor>
 Plan plan(int64_t N, int64_t K, int64_t entries, int sms) {
@@ -571,11 +599,13 @@ Plan plan(int64_t N, int64_t K, int64_t entries, int sms) {
       steps_per_split(skinny_tma_kernel<T, R, kWKMajor>, kThreads, R::kSmemBytes, 1,
                       row_blocks * entries, k_steps, kMaxSplits, kMinStepsPerSplit);
   const int64_t splits = ceil_div(k_steps, per_split);
-  const int64_t busiest = busiest_sm_blocks<T, R>(row_blocks * entries * splits, splits, sms);
+  const int64_t blocks = row_blocks * entries * splits;
+  const int64_t busiest = busiest_sm_blocks<T, R>(blocks, splits, sms);
   return {per_split,
           dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
                static_cast<unsigned>(entries)),
-          busiest, busiest * per_split * R::kStepK};
+          busiest, busiest * per_split * R::kStepK,
+          starts_early<T, R>(blocks, splits, entries, sms)};
 }
 
 template <typename T, class R, bool kWKMajor>
@@ -583,11 +613,9 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, T
             const Entries& entries, int64_t M, int64_t N, int64_t K) {
   auto* kernel = skinny_tma_kernel<T, R, kWKMajor>;
   allow_dynamic_smem(kernel, R::kSmemBytes);
-  // With more than one split, each column of blocks is a cluster, and the launch starts early
-  // (see the file's header).
-  const bool split = p.grid.y > 1;
+  // With more than one split, each column of blocks is a cluster (of one otherwise).
   KernelLaunch cluster_launch(p.grid, kThreads, R::kSmemBytes);
-  cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(split);
+  cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(p.early);
   cluster_launch.run(kernel, w_map, x_map, out, static_cast<int>(M), static_cast<int>(N),
                      static_cast<int>(K), p.per_split, entries);
 }
@@ -846,6 +874,12 @@ bool reaches_half_the_sms(int64_t N, int sms) {
   return 2 * ceil_div(N, int64_t{kRows}) * kMaxSplits > sms;
 }
 
+// Whether this rung's 64-row blocks, unsplit, fill one place on every SM, or all but an eighth.
+bool one_block_per_sm(int64_t N, int sms) {
+  const int64_t blocks = ceil_div(N, int64_t{kRows});
+  return blocks <= sms && fills_the_sms_evenly(blocks, sms);
+}
+
 bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   const int64_t M = a.size(0), K = a.size(1), N = b.size(1);
   // A row-major weight TMA can address this rung reads in place (rung 10 copies float32 ones).
@@ -882,6 +916,12 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
   // 6% of each other (4096 x 1024 to 8192 x 2048) but on 3072 x 3072 (rung 10 1.32-1.41x, this
   // rung 1.24-1.26x).
   if (reaches_half_the_sms(N, sms) && (M > 8 || skinny::rung10_splits_k(N, sms))) return false;
+  // Nor up to 8 tokens where this rung's blocks take one place on every SM, or all but an eighth
+  // of them (7361-8448 rows on 132 SMs), and its launch starts early (starts_early): on an H200
+  // (same timing, bf16 and fp16, 1-8 tokens) on 7424-8448 rows of K 1024-4096 this rung ran at
+  // 0.99-1.14x of torch.mm against rung 10's 0.88-1.09x, ahead by up to 12% (7424 x 4096,
+  // 7680 x 4096) and behind by at most 1% (8192 x 1024 and 8448 x 2048 at 1-2 tokens).
+  if (M <= 8 && one_block_per_sm(N, sms)) return false;
   return M <= 8 || (one_wave && M <= 16);
 }
 

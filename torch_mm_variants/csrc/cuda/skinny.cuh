@@ -109,7 +109,7 @@ inline bool rung10_blocks_fit_at_once(int64_t rows, int64_t sms) { return rows <
 
 // Whether skinny_kernel's blocks of 16 rows over `rows` weight rows are fewer than the SMs, so
 // that it splits K over blocks (split_for) and adds the splits in a second pass.
-inline bool rung10_splits_k(int64_t rows, int64_t sms) { return (rows + 15) / 16 < sms; }
+inline bool rung10_splits_k(int64_t rows, int64_t sms) { return ceil_div(rows, 16) < sms; }
 
 // Whether short_rows_kernel takes M tokens of K-contiguous 16-bit rows of K elements over `rows`
 // weight rows (N, times a batch's entries), rows 16-byte aligned: K of at most 256, and 1-8
