@@ -617,14 +617,13 @@ def expected_auto_choice(m: int, n: int, k: int, dtype: torch.dtype) -> str:
     one_wave = rung10_blocks_fit_at_once(n)
     if one_wave and k <= 128:
         return "skinny"
-    # skinny_tma's 64-row blocks in up to 8 K splits reach more than half the SMs, and skinny
-    # splits K (its 16-row blocks are fewer than the SMs) or runs 9-16 tokens.
-    reaches_half = 2 * -(-n // 64) * 8 > sm_count()
-    if reaches_half and (m > 8 or -(-n // 16) < sm_count()):
+    blocks, sms = -(-n // 64), sm_count()  # skinny_tma's 64-row blocks
+    # Those blocks in up to 8 K splits reach more than half the SMs, and skinny splits K (its
+    # 16-row blocks are fewer than the SMs) or runs 9-16 tokens.
+    if 2 * blocks * 8 > sms and (m > 8 or -(-n // 16) < sms):
         return highest
-    # Up to 8 tokens skinny_tma's 64-row blocks take one place on every SM, or all but an eighth.
-    blocks = -(-n // 64)
-    if m <= 8 and blocks <= sm_count() and 8 * (sm_count() - blocks) <= sm_count():
+    # Up to 8 tokens they take one place on every SM, or all but an eighth.
+    if m <= 8 and blocks <= sms and 8 * (sms - blocks) <= sms:
         return highest
     return "skinny" if m <= 8 or (one_wave and m <= 16) else highest
 
