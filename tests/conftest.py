@@ -95,14 +95,14 @@ def tma_batch_takes(m: int, n: int, k: int, dtype: torch.dtype, row_major: bool)
     on a GPU that lists skinny_tma) on skinny_tma's batched kernel rather than skinny's, where
     skinny_gemv does not take it (gemv_takes): float32 always; 16 bits on row-major entries of
     k >= 512 (p @ v), on K-contiguous ones of k >= 1024 and n >= 256 or of k > 256 and
-    n >= 1024, on K-contiguous ones of 64 <= k <= 256 and n >= 256 (q @ k^T) past 32 tokens
+    n >= 1024, on K-contiguous ones of 64 <= k <= 256 and n >= 256 (q @ k^T) past 16 tokens
     (k <= 64), past 8 (k <= 128) or at every count (k > 128), and past 8 tokens on matrices of
     16 MB or more."""
     if dtype == torch.float32:
         return True
     if row_major:
         return k >= 512
-    if 64 <= k <= 256 and n >= 256 and m > (32 if k <= 64 else 8 if k <= 128 else 0):
+    if 64 <= k <= 256 and n >= 256 and m > (16 if k <= 64 else 8 if k <= 128 else 0):
         return True
     if (k >= 1024 and n >= 256) or (k > 256 and n >= 1024):
         return True

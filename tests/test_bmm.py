@@ -150,17 +150,18 @@ def test_decode_batches_run_in_one_launch(dtype):
     decode (q @ k^T with k read K-contiguous, p @ v with v row-major over 300 and 1100 positions),
     run in one launch of a skinny rung's batched kernel under auto (expected_decode_batch: on
     sm_90a skinny_tma's for float32 past the tokens skinny_gemv takes, for 16-bit p @ v over
-    K >= 512, and for 16-bit q @ k^T over heads of 128 past 16 tokens; on other GPUs float32
-    p @ v at 9-16 tokens takes skinny_gemv, a launch for each group of 8), at every count of token
-    tiles, and so inside a CUDA graph. Elsewhere 16-bit q @ k^T takes skinny's short-rows kernel
+    K >= 512, and for 16-bit q @ k^T over heads of 128 past 8 tokens and of 64 past 16, where
+    the short-K ring's batches of 17-32 tokens start early; on other GPUs float32 p @ v at 9-16
+    tokens takes skinny_gemv, a launch for each group of 8), at every count of token tiles, and
+    so inside a CUDA graph. Elsewhere 16-bit q @ k^T takes skinny's short-rows kernel
     where skinny_short_rows says so."""
     torch.manual_seed(0)
-    keys = torch.randn(24, 1000, 128, device="cuda", dtype=dtype)
+    keys = [torch.randn(24, 1000, head, device="cuda", dtype=dtype) for head in (128, 64)]
     values = [torch.randn(24, rows, 128, device="cuda", dtype=dtype) for rows in (300, 1100)]
     tma = "skinny_tma" in mmv.algorithms("cuda")
-    for m in [1, 2, 3, 5, 8, 9, 17, 33, 64]:
-        queries = torch.randn(24, m, 128, device="cuda", dtype=dtype)
-        products = [(queries, keys.transpose(1, 2), False)] + [
+    for m in [1, 2, 3, 5, 8, 9, 16, 17, 32, 33, 64]:
+        products = [(torch.randn(24, m, key.shape[2], device="cuda", dtype=dtype),
+                     key.transpose(1, 2), False) for key in keys] + [
             (torch.randn(24, m, v.shape[1], device="cuda", dtype=dtype), v, True) for v in values]
         for a, b, row_major in products:
             names = product_kernels(lambda: mmv.matmul(a, b))
@@ -171,7 +172,7 @@ def test_decode_batches_run_in_one_launch(dtype):
             assert len(names) == (2 if groups else 1), (m, names)
             assert all(any(k in name for k in SKINNY_KERNELS) for name in names), (m, names)
             if expected == "skinny" and not row_major and dtype != torch.float32:
-                short = skinny_short_rows(m, 24 * 1000, 128)
+                short = skinny_short_rows(m, 24 * 1000, a.shape[2])
                 assert ("short_rows_kernel" in names[0]) == short, (m, names)
             check_bmm(a, b, "auto")
     for a, b, _ in products:

@@ -763,3 +763,41 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
     graph.replay()
     torch.cuda.synchronize()
     check(outs)
+
+
+@pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_tma")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("m, head", [(8, 64), (24, 64), (32, 128), (64, 64)])
+def test_chain_of_dependent_batches(dtype, m, head):
+    """skinny_tma's 16-bit batches of short K-contiguous entries (q @ k^T over heads of 64 up to
+    32 tokens, of 128 at 17-32) start while the launch before them finishes, and wait for it
+    before reading x (at 64 tokens they do not start early). Here each call of a chain of
+    [32, m, head] @ [32, head, head] batches reads the previous call's output, eagerly and
+    replayed from a CUDA graph, and every step matches the float64 product of its own input."""
+    torch.manual_seed(0)
+    keys = [torch.randn(32, head, head, device="cuda", dtype=dtype) * head ** -0.5
+            for _ in range(4)]
+    x0 = torch.randn(32, m, head, device="cuda", dtype=dtype)
+
+    def chain():
+        outs = [x0]
+        for key in keys:
+            outs.append(mmv.matmul(outs[-1], key.mT, "skinny_tma"))
+        return outs
+
+    def check(outs):
+        for x, key, y in zip(outs, keys, outs[1:]):
+            reference = x.double() @ key.double().mT
+            assert ((y.double() - reference).norm() / reference.norm()).item() < 1e-2
+
+    check(chain())  # also the warm-up outside the capture
+    tokens = next(t for t in (8, 16, 32, 64) if m <= t)
+    ring = rf"Ring<[^,<>]+, {tokens}, {2 * (64 + tokens) * 64 * 2 // 1024}>"  # the short-K ring
+    names = [e["name"] for e in launched_kernels(chain) if "skinny_tma_kernel" in e["name"]]
+    assert len(names) == len(keys) and all(re.search(ring, n) for n in names), names
+    graph, outs = capture_graph(chain)
+    x0.copy_(torch.randn_like(x0))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(outs)

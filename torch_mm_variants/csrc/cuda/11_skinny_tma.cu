@@ -729,6 +729,19 @@ constexpr int64_t kShortRingMaxK = 256;
 template <int TOKENS>
 constexpr int kShortRingKb = 2 * (kRows + TOKENS) * kRowUnits * 2 / 1024;
 
+// Whether a batch in the short-K ring starts early (a programmatic dependent launch, see the
+// file's header; it never splits, so starts_early leaves it out): its blocks live a few
+// microseconds, and the next call's first ones then take the places of the last. Back to back in
+// a CUDA graph (H200, bf16, entries rotated past L2), starting early ran heads of 64 at 1-32
+// tokens 1.06-1.30 times as fast (32 x [1024, 64] at 1.28-1.43x of torch.bmm, 32 x [4096, 64]
+// and 8 x [16384, 64] at 0.95-1.21x) and longer heads at 17-32 tokens 1.01-1.04 times (32 x
+// [1024, 128] at 1.09-1.10x, 32 x [4096, 128] at 0.98x, 8 x [4096, 256] at 1.06x; fp16 alike).
+// Elsewhere it cost up to 19%: heads of 128 and 256 up to 16 tokens (but 32 x [4096, 128] at
+// 1-8, up to 2% faster), every head at 33-64 tokens.
+constexpr bool short_ring_starts_early(int tokens, int64_t K) {
+  return tokens == 32 || (tokens < 32 && K <= 64);
+}
+
 // The deep ring's plan against the two-per-SM ring's (see kSharedRingKb).
 template <typename T>
 bool alone_is_faster(const Plan& alone, const Plan& shared) {
@@ -747,7 +760,8 @@ void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, bool share
   if constexpr (kWKMajor && !std::is_same_v<T, float>) {
     if (entries > 1 && K <= kShortRingMaxK) {
       using Short = Ring<T, TOKENS, kShortRingKb<TOKENS>>;
-      const Plan short_k = plan<T, Short, true>(N, K, entries, sms);
+      Plan short_k = plan<T, Short, true>(N, K, entries, sms);
+      short_k.early = short_k.early || short_ring_starts_early(TOKENS, K);
       return launch<T, Short, true>(short_k, w_map, x_map, to, layout, M, N, K);
     }
   }
@@ -955,14 +969,18 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 //   stays on rung 10 (1.11-1.33x against 1.04-1.15x up to 32 tokens).
 // - 16-bit K-contiguous entries of kMinShortRingBatchK <= K <= kShortRingMaxK and N >=
 //   kMinBatchRows (q @ k^T over heads of 64-256 elements), in the short-K ring, past
-//   short_rows_lead_tokens(K): on heads of 64 past 32 tokens, of 128 past 8, of 256 at every
+//   short_rows_lead_tokens(K): on heads of 64 past 16 tokens, of 128 past 8, of 256 at every
 //   count. With sums stored through shared memory (store_sums), at 40-64 tokens 32 x [4096, 64]
 //   ran at 0.88-0.92x of torch.bmm here against 0.68-0.70x on rung 10's short rows, 32 x
 //   [1024, 64] 1.10-1.16x against 1.05-1.07x; at 10-64 tokens 32 x [4096, 128] 0.95-1.00x
 //   against 0.64-0.93x, 32 x [1024, 128] 1.04-1.10x against 0.80-1.09x; 8 x [4096, 256]
-//   1.00-1.04x against 0.40-1.01x at 8-64 tokens. Rung 10 led on heads of 64 up to 32 tokens
-//   (32 x [4096, 64]: 0.91-1.37x against 0.89-1.13x; tied at 32) and of 128 at 8 (1.03x and
-//   1.18x against 0.98x and 1.10x).
+//   1.00-1.04x against 0.40-1.01x at 8-64 tokens. Rung 10 led on heads of 128 at 8 tokens
+//   (1.03x and 1.18x against 0.98x and 1.10x) and on heads of 64 up to 16, against this ring
+//   started early (short_ring_starts_early): 32 x [4096, 64] and 8 x [16384, 64] at 1.03-1.47x
+//   against 0.95-1.21x, though 32 x [1024, 64] ran 1.28-1.34x against 1.32-1.43x. At 17-32
+//   tokens the early start leads by up to 12% (32 x [1024, 64] at 1.30-1.31x against
+//   1.17-1.19x; 32 x [4096, 64] and 8 x [16384, 64] at 24-32 tokens 0.95-0.96x against
+//   0.91-0.94x) and trails by at most 2% (those two at 17 tokens; fp16 alike).
 // - float32 batches that rung 12 passes over: rung 10 copies row-major entries K-contiguous
 //   (0.12-0.95x of torch.bmm on p @ v, against 2.0-8.3x here at 9-64 tokens), and on q @ k^T at
 //   5-64 tokens ran at 0.50-1.15x where this rung ran 1.13-2.31x.
@@ -976,7 +994,7 @@ constexpr int64_t kMinShortRingBatchK = 64;
 // The token counts up to which rung 10's short rows stay ahead of the short-K ring on a batch of
 // K-contiguous rows of K elements, kMinShortRingBatchK <= K <= kShortRingMaxK.
 int64_t short_rows_lead_tokens(int64_t K) {
-  if (K <= 64) return 32;
+  if (K <= 64) return 16;
   return K <= 128 ? 8 : 0;
 }
 
