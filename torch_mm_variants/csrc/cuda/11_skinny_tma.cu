@@ -43,7 +43,9 @@
 //   fill one or both of every SM's two places, or all but an eighth of them (starts_early): the
 //   next call's blocks then take the places the last ones leave evenly. There 7680-8192 rows ran
 //   1-8% faster for it, 16384-16896 rows up to 4%; 9216-14336 rows (144-224 blocks, two on some
-//   SMs and one on others) ran 2-29% slower.
+//   SMs and one on others) ran 2-29% slower. Batches in the short-K ring, whose blocks live a few
+//   microseconds, start early on heads of 64 up to 32 tokens and on longer ones at 17-32
+//   (short_ring_starts_early).
 // - float32 runs in 3xTF32, as in rung 10, with the weight's fragments split in registers (wgmma
 //   takes A from registers) and x's tile split in shared memory, three wgmmas per k8 step. The
 //   warpgroup splits the next stage's x while the tensor core multiplies, and each stage is
@@ -978,7 +980,7 @@ bool rung10_is_faster(const at::Tensor& a, const at::Tensor& b) {
 //   (1.03x and 1.18x against 0.98x and 1.10x) and on heads of 64 up to 16, against this ring
 //   started early (short_ring_starts_early): 32 x [4096, 64] and 8 x [16384, 64] at 1.03-1.47x
 //   against 0.95-1.21x, though 32 x [1024, 64] ran 1.28-1.34x against 1.32-1.43x. At 17-32
-//   tokens the early start leads by up to 12% (32 x [1024, 64] at 1.30-1.31x against
+//   tokens the early start leads by up to 13% (32 x [1024, 64] at 1.30-1.31x against
 //   1.17-1.19x; 32 x [4096, 64] and 8 x [16384, 64] at 24-32 tokens 0.95-0.96x against
 //   0.91-0.94x) and trails by at most 2% (those two at 17 tokens; fp16 alike).
 // - float32 batches that rung 12 passes over: rung 10 copies row-major entries K-contiguous
