@@ -686,6 +686,10 @@ def test_tma_ring_sizes(dtype):
         assert rings[(64, 14336, 4096)] == 96, rings
 
 
+# skinny_tma's short-K ring by its token columns: two stages of (64 + tokens) x 128 bytes, in KB.
+SHORT_RING_KB = {8: 18, 16: 20, 32: 24, 64: 32, 128: 48}
+
+
 @pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
 def test_tma_short_k_ring(dtype):
@@ -695,12 +699,11 @@ def test_tma_short_k_ring(dtype):
     rows and row-major weights keep the 96 or 192 KB rings. Exact on sizes just off the 64-row
     blocks, the 64-k boxes and the token columns, against float64."""
     torch.manual_seed(0)
-    ring_kb = {8: 18, 16: 20, 32: 24, 64: 32, 128: 48}
     for m, n, k, entries in [(1, 65, 8, 2), (9, 1000, 64, 3), (17, 63, 120, 3), (33, 4097, 128, 2),
                              (64, 1000, 136, 4), (65, 129, 256, 2), (100, 300, 248, 2),
                              (5, 777, 192, 5), (64, 1000, 264, 2), (33, 4097, 128, 1),
                              (9, 1000, 64, 1)]:
-        tokens = next(t for t in ring_kb if t >= m)
+        tokens = next(t for t in SHORT_RING_KB if t >= m)
         x = torch.randn(entries, m, k, device="cuda").to(dtype)
         w = torch.randn(entries, n, k, device="cuda").to(dtype)
         a, b = product_or_batch(x, w)
@@ -711,7 +714,7 @@ def test_tma_short_k_ring(dtype):
         assert int(ring.group(1)) == tokens, names[0]
         kb = int(ring.group(2))
         short = entries > 1 and k <= 256
-        assert kb == ring_kb[tokens] if short else kb in (96, 192), (m, n, k, entries, names[0])
+        assert kb == SHORT_RING_KB[tokens] if short else kb in (96, 192), (m, n, k, entries, names[0])
         check_against_float64(a, b, "skinny_tma")
     x = random_matrix(33, 128, dtype, "cuda")
     v = random_matrix(128, 1000, dtype, "cuda")  # row-major [K, N]: the N-major rings
@@ -792,8 +795,8 @@ def test_chain_of_dependent_batches(dtype, m, head):
             assert ((y.double() - reference).norm() / reference.norm()).item() < 1e-2
 
     check(chain())  # also the warm-up outside the capture
-    tokens = next(t for t in (8, 16, 32, 64) if m <= t)
-    ring = rf"Ring<[^,<>]+, {tokens}, {2 * (64 + tokens) * 64 * 2 // 1024}>"  # the short-K ring
+    tokens = next(t for t in SHORT_RING_KB if t >= m)
+    ring = rf"Ring<[^,<>]+, {tokens}, {SHORT_RING_KB[tokens]}>"
     names = [e["name"] for e in launched_kernels(chain) if "skinny_tma_kernel" in e["name"]]
     assert len(names) == len(keys) and all(re.search(ring, n) for n in names), names
     graph, outs = capture_graph(chain)
