@@ -714,7 +714,8 @@ def test_tma_short_k_ring(dtype):
         assert int(ring.group(1)) == tokens, names[0]
         kb = int(ring.group(2))
         short = entries > 1 and k <= 256
-        assert kb == SHORT_RING_KB[tokens] if short else kb in (96, 192), (m, n, k, entries, names[0])
+        expected = [SHORT_RING_KB[tokens]] if short else [96, 192]
+        assert kb in expected, (m, n, k, entries, names[0])
         check_against_float64(a, b, "skinny_tma")
     x = random_matrix(33, 128, dtype, "cuda")
     v = random_matrix(128, 1000, dtype, "cuda")  # row-major [K, N]: the N-major rings
@@ -722,6 +723,35 @@ def test_tma_short_k_ring(dtype):
              if "skinny_tma_kernel" in e["name"]]
     assert len(names) == 1 and re.search(r"Ring<[^,<>]+, 64, (96|192)>, false>", names[0]), names
     assert_matches_reference(x, v, "skinny_tma")
+
+
+def chain_of(x0, weights, algorithm):
+    """A chain of products where each call reads the previous call's output: x0 @ w0.mT, that
+    @ w1.mT, and on (weights [N, K], or batches of them); the chain's run() gives x0 and every
+    output."""
+    def run():
+        outs = [x0]
+        for w in weights:
+            outs.append(mmv.matmul(outs[-1], w.mT, algorithm))
+        return outs
+    return run
+
+
+def assert_chain_matches_float64(outs, weights):
+    """Every step of a chain (chain_of) matches the float64 product of its own input."""
+    for x, w, y in zip(outs, weights, outs[1:]):
+        reference = x.double() @ w.double().mT
+        assert ((y.double() - reference).norm() / reference.norm()).item() < 1e-2
+
+
+def assert_chain_replays(chain, x0, weights):
+    """A CUDA graph of the chain, replayed after x0 takes new random values, matches float64 at
+    every step."""
+    graph, outs = capture_graph(chain)
+    x0.copy_(torch.randn_like(x0))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_chain_matches_float64(outs, weights)
 
 
 @pytest.mark.parametrize("algorithm, dtype", [
@@ -743,29 +773,14 @@ def test_chain_of_dependent_calls(algorithm, dtype, m):
               (8192, 4096), (4096, 8192)]
     weights = [random_matrix(n, k, dtype, "cuda") * 0.02 for n, k in shapes]
     x0 = random_matrix(m, 4096, dtype, "cuda")
-
-    def chain():
-        outs = [x0]
-        for w in weights:
-            outs.append(mmv.matmul(outs[-1], w.t(), algorithm))
-        return outs
-
-    def check(outs):
-        for x, w, y in zip(outs, weights, outs[1:]):
-            reference = x.double() @ w.double().t()
-            assert ((y.double() - reference).norm() / reference.norm()).item() < 1e-2
-
-    check(chain())  # also the warm-up outside the capture
+    chain = chain_of(x0, weights, algorithm)
+    assert_chain_matches_float64(chain(), weights)  # also the warm-up outside the capture
     if algorithm == "skinny":
         sms = sm_count()
         names = [e["name"] for e in launched_kernels(chain)]
         splits_added = 2 if sms > 1024 // 16 else 0
         assert sum("sum_splits_kernel" in name for name in names) == splits_added, names
-    graph, outs = capture_graph(chain)
-    x0.copy_(random_matrix(m, 4096, dtype, "cuda"))
-    graph.replay()
-    torch.cuda.synchronize()
-    check(outs)
+    assert_chain_replays(chain, x0, weights)
 
 
 @pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
@@ -782,25 +797,10 @@ def test_chain_of_dependent_batches(dtype, m, head):
     keys = [torch.randn(32, head, head, device="cuda", dtype=dtype) * head ** -0.5
             for _ in range(4)]
     x0 = torch.randn(32, m, head, device="cuda", dtype=dtype)
-
-    def chain():
-        outs = [x0]
-        for key in keys:
-            outs.append(mmv.matmul(outs[-1], key.mT, "skinny_tma"))
-        return outs
-
-    def check(outs):
-        for x, key, y in zip(outs, keys, outs[1:]):
-            reference = x.double() @ key.double().mT
-            assert ((y.double() - reference).norm() / reference.norm()).item() < 1e-2
-
-    check(chain())  # also the warm-up outside the capture
+    chain = chain_of(x0, keys, "skinny_tma")
+    assert_chain_matches_float64(chain(), keys)  # also the warm-up outside the capture
     tokens = next(t for t in SHORT_RING_KB if t >= m)
     ring = rf"Ring<[^,<>]+, {tokens}, {SHORT_RING_KB[tokens]}>"
     names = [e["name"] for e in launched_kernels(chain) if "skinny_tma_kernel" in e["name"]]
     assert len(names) == len(keys) and all(re.search(ring, n) for n in names), names
-    graph, outs = capture_graph(chain)
-    x0.copy_(torch.randn_like(x0))
-    graph.replay()
-    torch.cuda.synchronize()
-    check(outs)
+    assert_chain_replays(chain, x0, keys)
