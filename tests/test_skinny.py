@@ -804,3 +804,50 @@ def test_chain_of_dependent_batches(dtype, m, head):
     names = [e["name"] for e in launched_kernels(chain) if "skinny_tma_kernel" in e["name"]]
     assert len(names) == len(keys) and all(re.search(ring, n) for n in names), names
     assert_chain_replays(chain, x0, keys)
+
+
+@pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_tma")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["k-contiguous", "row-major"])
+def test_wide_weights_loop_over_row_blocks(dtype, layout):
+    """16-bit single products whose 64-row blocks pass two per SM, up to three, run one block per
+    SM in the deep ring, each looping over every sms-th row block: on N just past 2 x 64 rows
+    per SM and just under 3 x 64 (the last row block partial), K off a stage and long, tokens off
+    each tile count, a weight [N, K] read K-contiguous or stored row-major [K, N], against
+    float64. Up to two blocks per SM and past three, a block per row block."""
+    torch.manual_seed(0)
+    sms = sm_count()
+    for n, k, m in [(2 * 64 * sms + 1, 4104, 1), (2 * 64 * sms + 1, 72, 9),
+                    (3 * 64 * sms - 37, 1000, 17), (3 * 64 * sms - 37, 4096, 64),
+                    (2 * 64 * sms, 1000, 8), (2 * 64 * sms + 64, 264, 33),
+                    (3 * 64 * sms + 1, 1000, 8)]:
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        w = (random_matrix(n, k, dtype, "cuda").t() if layout == "k-contiguous"
+             else random_matrix(k, n, dtype, "cuda", "padded-row"))  # rows 16-byte aligned
+        launches = [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
+                    if "skinny_tma_kernel" in e["name"]]
+        loops = 2 * sms < -(-n // 64) <= 3 * sms
+        assert len(launches) == 1, (n, k, m, launches)
+        grid, name = tuple(launches[0]["args"]["grid"]), launches[0]["name"]
+        assert grid == ((sms, 1, 1) if loops else (-(-n // 64), 1, 1)), (n, k, m, grid)
+        assert not loops or re.search(r"Ring<[^,<>]+, \d+, 192>", name), name
+        assert_matches_reference(x, w, "skinny_tma")
+
+
+@pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_tma")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_loops_over_row_blocks_in_a_chain(dtype):
+    """A loop over row blocks starts while the launch before it finishes, and the launch after it
+    starts early too: in a chain where each call reads the previous call's output (a K split, the
+    loop, a K split again), eagerly and replayed from a CUDA graph, every step matches the float64
+    product of its own input."""
+    torch.manual_seed(0)
+    n = 2 * 64 * sm_count() + 8
+    shapes = [(4096, 1024), (n, 4096), (1024, n)]
+    weights = [random_matrix(rows, k, dtype, "cuda") * k ** -0.5 for rows, k in shapes]
+    x0 = random_matrix(8, 1024, dtype, "cuda")
+    chain = chain_of(x0, weights, "skinny_tma")
+    assert_chain_matches_float64(chain(), weights)
+    assert_chain_replays(chain, x0, weights)

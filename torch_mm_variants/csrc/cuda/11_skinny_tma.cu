@@ -46,6 +46,12 @@
 //   SMs and one on others) ran 2-29% slower. Batches in the short-K ring, whose blocks live a few
 //   microseconds, start early on heads of 64 up to 32 tokens and on longer ones at 17-32
 //   (short_ring_starts_early).
+// - A 16-bit single product whose 64-row blocks pass two per SM but not three runs as a loop:
+//   a block per SM in the deep ring takes every sms-th row block, its producer filling the ring
+//   with the next row block's boxes while the consumer multiplies the last of this one. A grid of
+//   a block per row block leaves most SMs with half the bytes in flight in its last wave, and
+//   each new block waits for its first boxes; the loop ran 17408-25344-row weights 1-14% faster
+//   (loops_over_row_blocks).
 // - float32 runs in 3xTF32, as in rung 10, with the weight's fragments split in registers (wgmma
 //   takes A from registers) and x's tile split in shared memory, three wgmmas per k8 step. The
 //   warpgroup splits the next stage's x while the tensor core multiplies, and each stage is
@@ -161,7 +167,8 @@ constexpr int kMinStepsPerSplit = 4;
   return hopper::smem_descriptor(tile + 16 * kRowUnits * step, kRows * kTmaRowBytes, 1024);
 }
 
-// The producer thread: steps `steps` stages of k from `step0`, each once its slot is free. x's
+// The producer thread: steps `steps` stages of k from `step0`, each once its slot is free, the
+// first at ring position `first` (a block that loops over row blocks goes on round the ring). x's
 // boxes hold its M rows only (the host sizes x's map so), the rest of their tiles is left as it
 // is (see the file's header); TMA counts the bytes it delivers, so M sets each stage's total.
 // kWKMajor: the weight's boxes are 64 rows of k; otherwise n_boxes() boxes of k lines of n.
@@ -169,12 +176,12 @@ constexpr int kMinStepsPerSplit = 4;
 template <class R, bool kWKMajor>
 __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
-                        int steps, int M, int x_entry, int w_entry) {
+                        int steps, int first, int M, int x_entry, int w_entry) {
   const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * kRowUnits) * 2;
   const hopper::L2Policy read_once = hopper::l2_evict_first();
   for (int i = 0; i < steps; ++i) {
-    const int s = i % R::kStages, k0 = (step0 + i) * R::kStepK;
-    hopper::mbarrier_wait(&empty[s], ((i / R::kStages) & 1) ^ 1);
+    const int at = first + i, s = at % R::kStages, k0 = (step0 + i) * R::kStepK;
+    hopper::mbarrier_wait(&empty[s], ((at / R::kStages) & 1) ^ 1);
     hopper::mbarrier_arrive_expect_tx(&full[s], stage_bytes);
 #pragma unroll
     for (int b = 0; b < R::kBoxes; ++b) {
@@ -246,6 +253,17 @@ __device__ __forceinline__ void store_sums(const float (&d)[TOKENS / 2], uint8_t
       for (int e = 0; e < kRunElems && row + e < N; ++e) to[e] = from[e];
     }
   }
+}
+
+// The same sums stored from the accumulators, element by element, where the ring is still
+// streaming the block's next row block (a block that loops, plan_loop): at the token counts it
+// loops for, a tile's sums are a few hundredths of its weight's bytes.
+template <typename T, int TOKENS>
+__device__ __forceinline__ void store_sums_in_place(const float (&d)[TOKENS / 2], T* out, int M,
+                                                    int N, int n0) {
+  for_each_sum<TOKENS>(d, [&](int m, int row, float v) {
+    if (m < M && n0 + row < N) out[static_cast<int64_t>(m) * N + n0 + row] = static_cast<T>(v);
+  });
 }
 
 // d (+)= a stage's product, 16-bit: the weight tile is wgmma's A (K-major, or N-major read
@@ -340,15 +358,18 @@ __device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], con
   hopper::wgmma_commit();
 }
 
-// The consumer warpgroup: multiplies `steps` stages as they land, freeing each slot at once, then
-// writes its sums to out (a whole K) or as the partial tile at `partial` (a split). float32 sums
+// The consumer warpgroup: multiplies `steps` stages as they land from ring position `first`,
+// freeing each slot at once, then writes its sums to out (a whole K; through the ring if
+// `ring_free`, no further row block of the block's streaming into it) or as the partial tile at
+// `partial` (a split). float32 sums
 // each stage afresh and adds that into the running sums in float32 (as rung 10 does: the tensor
 // core's own additions keep fewer bits), and splits the next stage's x while the tensor core
 // multiplies.
 template <typename T, class R, bool kWKMajor>
 __device__ __forceinline__ void consume(uint16_t* w_tiles, uint16_t* x_tiles,
                                         uint16_t* x_small_tiles, uint64_t* full, uint64_t* empty,
-                                        int steps, T* out, float* partial, int M, int N, int n0) {
+                                        int steps, int first, bool ring_free, T* out,
+                                        float* partial, int M, int N, int n0) {
   constexpr int TOKENS = R::tokens();
   constexpr bool kFloat = std::is_same_v<T, float>;
   float d[TOKENS / 2], fresh[kFloat ? TOKENS / 2 : 1];
@@ -358,22 +379,23 @@ __device__ __forceinline__ void consume(uint16_t* w_tiles, uint16_t* x_tiles,
   if constexpr (kFloat) {
 #pragma unroll
     for (int q = 0; q < TOKENS / 2; ++q) d[q] = 0.f;
-    wait_for_stage(0);
-    split_x<R>(x_tiles, x_small_tiles, M);
+    wait_for_stage(first);
+    split_x<R>(x_tiles + first % R::kStages * R::kXTile,
+               x_small_tiles + first % R::kStages * R::kXTile, M);
   }
   for (int i = 0; i < steps; ++i) {
-    const int s = i % R::kStages;
+    const int s = (first + i) % R::kStages;
     const uint16_t* w = w_tiles + s * R::kWTile;
     uint16_t* x = x_tiles + s * R::kXTile;
     if constexpr (kFloat) {
       multiply_3xtf32<R, kWKMajor>(fresh, w, x, x_small_tiles + s * R::kXTile);
       if (i + 1 < steps) {
-        const int next = (i + 1) % R::kStages;
-        wait_for_stage(i + 1);
+        const int next = (first + i + 1) % R::kStages;
+        wait_for_stage(first + i + 1);
         split_x<R>(x_tiles + next * R::kXTile, x_small_tiles + next * R::kXTile, M);
       }
     } else {
-      wait_for_stage(i);
+      wait_for_stage(first + i);
       hopper::fence_registers(d);
       multiply_16bit<T, R, kWKMajor>(d, w, x, i > 0);
     }
@@ -394,8 +416,10 @@ __device__ __forceinline__ void consume(uint16_t* w_tiles, uint16_t* x_tiles,
   hopper::named_barrier_sync(1, 128);
   if (partial != nullptr) {
     for_each_sum<TOKENS>(d, [&](int m, int row, float v) { partial[m * kPartialPitch + row] = v; });
-  } else {
+  } else if (ring_free) {
     store_sums<T, TOKENS>(d, reinterpret_cast<uint8_t*>(w_tiles), out, M, N, n0);
+  } else {
+    store_sums_in_place<T, TOKENS>(d, out, M, N, n0);
   }
 }
 
@@ -485,15 +509,17 @@ struct Entries {
 };
 
 // Block (blockIdx.x, blockIdx.y, blockIdx.z): weight rows 64 bx .. 64 bx + 63 over k steps
-// by * steps_per_split onwards (the host makes every split non-empty) of batch entry bz. With
-// more than one split, the gridDim.y blocks of a column form one cluster, rank blockIdx.y.
+// by * steps_per_split onwards (the host makes every split non-empty) of batch entry bz, and
+// where the grid has fewer columns than the weight's `row_blocks`, every gridDim.x-th row block
+// after (plan_loop; unsplit only). With more than one split, the gridDim.y blocks of a column
+// form one cluster, rank blockIdx.y.
 // kWKMajor: w_map copies the weight K-major (w [N, K]), otherwise N-major (a row-major [K, N]
 // weight, in place).
 template <typename T, class R, bool kWKMajor>
 __global__ void __launch_bounds__(kThreads)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map, T* out, int M, int N, int K,
-                      int steps_per_split, Entries entries) {
+                      int steps_per_split, int row_blocks, Entries entries) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
@@ -526,12 +552,17 @@ __global__ void __launch_bounds__(kThreads)
   hopper::wait_for_previous_grid();
   hopper::allow_next_grid();
 
+  const int stride = static_cast<int>(gridDim.x);
   if (threadIdx.x < 128) {
-    consume<T, R, kWKMajor>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, out, partial, M,
-                            N, n0);
+    for (int b = blockIdx.x, first = 0; b < row_blocks; b += stride, first += steps) {
+      consume<T, R, kWKMajor>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, first,
+                              b + stride >= row_blocks, out, partial, M, N, b * kRows);
+    }
   } else if (threadIdx.x == 128) {
-    produce<R, kWKMajor>(&w_map, &x_map, w_tiles, x_tiles, full, empty, n0, step0, steps, M,
-                         entry, entries.shared_w ? 0 : entry);
+    for (int b = blockIdx.x, first = 0; b < row_blocks; b += stride, first += steps) {
+      produce<R, kWKMajor>(&w_map, &x_map, w_tiles, x_tiles, full, empty, b * kRows, step0, steps,
+                           first, M, entry, entries.shared_w ? 0 : entry);
+    }
   }
   if (partial != nullptr) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
@@ -619,7 +650,8 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, T
   KernelLaunch cluster_launch(p.grid, kThreads, R::kSmemBytes);
   cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(p.early);
   cluster_launch.run(kernel, w_map, x_map, out, static_cast<int>(M), static_cast<int>(N),
-                     static_cast<int>(K), p.per_split, entries);
+                     static_cast<int>(K), p.per_split, static_cast<int>(ceil_div(N, kRows)),
+                     entries);
 }
 
 // A map over `entries` matrices entry_ld elements apart (a bmm batch), or over one (a single
@@ -744,6 +776,31 @@ constexpr bool short_ring_starts_early(int tokens, int64_t K) {
   return tokens == 32 || (tokens < 32 && K <= 64);
 }
 
+// Whether a 16-bit single product runs as a loop over its row blocks: blocks of the deep ring,
+// one per SM, each streaming every sms-th row block, its ring filling with the next one's boxes
+// while it multiplies the last of this one. Where the row blocks pass both places of every SM
+// but fill less than a third (2 * sms < blocks <= 3 * sms: 16960-25344 rows on 132 SMs), a grid
+// of them leaves most SMs with one two-per-SM ring in flight, half the bytes, as its last blocks
+// run. Back to back in a CUDA graph (H200, weights rotated past L2, 1-64 tokens) the loop ran
+// 17408 x 4096 1.05-1.14 times as fast (0.96-1.02x of torch.mm), 18944 x 3584 1.03-1.07 (bf16
+// and fp16), 20480 x 4096 1.02-1.04, 24576 x 3072 1.05-1.07, 25344 x 4096 1.06-1.08, and 20480 x
+// 4096 stored row-major 1.01-1.07. Past a third it did not pay: 26624 x 4096 ran 3-6% slower at
+// 8-64 tokens, 28672 x 4096 from 1.3% faster to 2.5% slower, 128256 x 4096 up to 2.5% slower.
+template <typename T>
+bool loops_over_row_blocks(const Plan& shared, const Plan& alone, int64_t entries, int sms) {
+  const int64_t blocks = shared.grid.x;
+  return sizeof(T) == 2 && entries == 1 && shared.grid.y == 1 && alone.grid.y == 1 &&
+         2 * sms < blocks && blocks <= 3 * sms;
+}
+
+// The plan of a loop over row blocks (loops_over_row_blocks) in a block per SM: unsplit, and
+// started early, as its blocks fill the SMs.
+Plan plan_loop(Plan p, int sms) {
+  p.grid.x = static_cast<unsigned>(sms);
+  p.early = true;
+  return p;
+}
+
 // The deep ring's plan against the two-per-SM ring's (see kSharedRingKb).
 template <typename T>
 bool alone_is_faster(const Plan& alone, const Plan& shared) {
@@ -771,6 +828,9 @@ void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, bool share
   using Alone = Ring<T, TOKENS, kShape[2]>;
   const Plan shared = plan<T, Shared, kWKMajor>(N, K, entries, sms);
   const Plan alone = plan<T, Alone, kWKMajor>(N, K, entries, sms);
+  if (loops_over_row_blocks<T>(shared, alone, entries, sms)) {
+    return launch<T, Alone, kWKMajor>(plan_loop(alone, sms), w_map, x_map, to, layout, M, N, K);
+  }
   if (alone_is_faster<T>(alone, shared)) {
     launch<T, Alone, kWKMajor>(alone, w_map, x_map, to, layout, M, N, K);
   } else {
