@@ -851,3 +851,25 @@ def test_loops_over_row_blocks_in_a_chain(dtype):
     chain = chain_of(x0, weights, "skinny_tma")
     assert_chain_matches_float64(chain(), weights)
     assert_chain_replays(chain, x0, weights)
+
+
+@pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
+                    reason="needs a GPU that lists skinny_tma")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("layout", ["k-contiguous", "row-major"])
+def test_unsplit_row_blocks_start_at_their_own_k(dtype, layout):
+    """Unsplit 16-bit products up to 16 tokens stream each row block's k from its own stage round
+    to the start, so K's partial last stage comes in the middle of most blocks' streams: K off a
+    stage (and of one stage), row blocks outnumbering K's stages, a grid of a block per row block
+    and the loop over them, against float64."""
+    torch.manual_seed(0)
+    sms = sm_count()
+    for n, k, m in [(2 * 64 * sms, 1000, 1), (2 * 64 * sms - 5, 4104, 16), (2 * 64 * sms, 72, 7),
+                    (2 * 64 * sms + 100, 1000, 9), (4 * 64 * sms + 3, 2056, 16)]:
+        x = torch.randn(m, k, device="cuda").to(dtype)
+        w = (random_matrix(n, k, dtype, "cuda").t() if layout == "k-contiguous"
+             else random_matrix(k, n, dtype, "cuda", "padded-row"))  # rows 16-byte aligned
+        launches = [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
+                    if "skinny_tma_kernel" in e["name"]]
+        assert len(launches) == 1 and launches[0]["args"]["grid"][1] == 1, (n, k, m, launches)
+        assert_matches_reference(x, w, "skinny_tma")

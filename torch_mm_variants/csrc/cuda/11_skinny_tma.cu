@@ -168,7 +168,9 @@ constexpr int kMinStepsPerSplit = 4;
 }
 
 // The producer thread: steps `steps` stages of k from `step0`, each once its slot is free, the
-// first at ring position `first` (a block that loops over row blocks goes on round the ring). x's
+// first at ring position `first` (a block that loops over row blocks goes on round the ring),
+// starting `rotation` stages in and coming round to step0 (rotates_k; the consumer's sums do not
+// depend on which k a stage holds, only its order of additions does). x's
 // boxes hold its M rows only (the host sizes x's map so), the rest of their tiles is left as it
 // is (see the file's header); TMA counts the bytes it delivers, so M sets each stage's total.
 // kWKMajor: the weight's boxes are 64 rows of k; otherwise n_boxes() boxes of k lines of n.
@@ -176,11 +178,12 @@ constexpr int kMinStepsPerSplit = 4;
 template <class R, bool kWKMajor>
 __device__ void produce(const CUtensorMap* w_map, const CUtensorMap* x_map, uint16_t* w_tiles,
                         uint16_t* x_tiles, uint64_t* full, uint64_t* empty, int n0, int step0,
-                        int steps, int first, int M, int x_entry, int w_entry) {
+                        int steps, int first, int rotation, int M, int x_entry, int w_entry) {
   const uint32_t stage_bytes = (R::kWTile + R::kBoxes * M * kRowUnits) * 2;
   const hopper::L2Policy read_once = hopper::l2_evict_first();
   for (int i = 0; i < steps; ++i) {
-    const int at = first + i, s = at % R::kStages, k0 = (step0 + i) * R::kStepK;
+    const int at = first + i, s = at % R::kStages;
+    const int k0 = (step0 + (i + rotation) % steps) * R::kStepK;
     hopper::mbarrier_wait(&empty[s], ((at / R::kStages) & 1) ^ 1);
     hopper::mbarrier_arrive_expect_tx(&full[s], stage_bytes);
 #pragma unroll
@@ -512,14 +515,15 @@ struct Entries {
 // by * steps_per_split onwards (the host makes every split non-empty) of batch entry bz, and
 // where the grid has fewer columns than the weight's `row_blocks`, every gridDim.x-th row block
 // after (plan_loop; unsplit only). With more than one split, the gridDim.y blocks of a column
-// form one cluster, rank blockIdx.y.
+// form one cluster, rank blockIdx.y. With `rotate_k`, row block b streams its k from step
+// b % steps round to the start (rotates_k).
 // kWKMajor: w_map copies the weight K-major (w [N, K]), otherwise N-major (a row-major [K, N]
 // weight, in place).
 template <typename T, class R, bool kWKMajor>
 __global__ void __launch_bounds__(kThreads)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map, T* out, int M, int N, int K,
-                      int steps_per_split, int row_blocks, Entries entries) {
+                      int steps_per_split, int row_blocks, bool rotate_k, Entries entries) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
@@ -561,7 +565,8 @@ __global__ void __launch_bounds__(kThreads)
   } else if (threadIdx.x == 128) {
     for (int b = blockIdx.x, first = 0; b < row_blocks; b += stride, first += steps) {
       produce<R, kWKMajor>(&w_map, &x_map, w_tiles, x_tiles, full, empty, b * kRows, step0, steps,
-                           first, M, entry, entries.shared_w ? 0 : entry);
+                           first, rotate_k ? b % steps : 0, M, entry,
+                           entries.shared_w ? 0 : entry);
     }
   }
   if (partial != nullptr) {
@@ -582,6 +587,7 @@ struct Plan {
   int64_t busiest_blocks;
   int64_t busiest_k;
   bool early;
+  bool rotated;
 };
 
 // The blocks of a launch of `blocks` blocks in `splits` K splits that the busiest SM runs. The
@@ -624,6 +630,21 @@ bool starts_early(int64_t blocks, int64_t splits, int64_t entries, int sms) {
   return sizeof(T) == 2 && R::kTwoPerSm && entries == 1 && fills_the_sms_evenly(blocks, sms);
 }
 
+// Whether each row block streams its k from its own step (row block b from step b % steps, round
+// to the start) instead of all of them from k = 0: 16-bit single products, unsplit, up to 16
+// tokens. With every block at the same k, the SMs read one narrow column band of the weight at a
+// time, a few hundred bytes of every row; rotated, their reads spread over the whole weight.
+// Back to back in a CUDA graph (H200, weights rotated past L2, 1 and 16 tokens, torch.mm beside
+// each, one round) it ran 14336 x 4096 1.8-3.0% faster in bf16 and 1.0-1.1% in fp16, 17408 x
+// 4096 (the loop) 1.4-3.3%, 28672 x 4096 at 16 tokens 1.8-3.0% (at 1 token within 0.4%), 14336
+// x 4096 stored row-major 0.7-0.9%. At 64 tokens it moved them from 1.2% faster to 2.2% slower;
+// K splits (4096 x 4096, 4096 x 14336) moved by under 1% at 1-16 tokens and lost 3-4% at 64, so
+// they keep k in order.
+template <typename T, class R>
+constexpr bool rotates_k(int64_t splits, int64_t entries) {
+  return sizeof(T) == 2 && R::tokens() <= 16 && splits == 1 && entries == 1;
+}
+
 // `entries`: of a bmm batch, whose blocks all count (one column of blocks per entry's 64 rows).
 template <typename T, class R, bool kWKMajor>
 Plan plan(int64_t N, int64_t K, int64_t entries, int sms) {
@@ -638,7 +659,7 @@ Plan plan(int64_t N, int64_t K, int64_t entries, int sms) {
           dim3(static_cast<unsigned>(row_blocks), static_cast<unsigned>(splits),
                static_cast<unsigned>(entries)),
           busiest, busiest * per_split * R::kStepK,
-          starts_early<T, R>(blocks, splits, entries, sms)};
+          starts_early<T, R>(blocks, splits, entries, sms), rotates_k<T, R>(splits, entries)};
 }
 
 template <typename T, class R, bool kWKMajor>
@@ -651,7 +672,7 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, T
   cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(p.early);
   cluster_launch.run(kernel, w_map, x_map, out, static_cast<int>(M), static_cast<int>(N),
                      static_cast<int>(K), p.per_split, static_cast<int>(ceil_div(N, kRows)),
-                     entries);
+                     p.rotated, entries);
 }
 
 // A map over `entries` matrices entry_ld elements apart (a bmm batch), or over one (a single
