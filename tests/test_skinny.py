@@ -806,6 +806,19 @@ def test_chain_of_dependent_batches(dtype, m, head):
     assert_chain_replays(chain, x0, keys)
 
 
+def decode_weight(n, k, dtype, layout):
+    """A weight for x @ w on the GPU: nn.Linear's w [N, K] read K-contiguous (w.t()), or one
+    stored row-major [K, N] with its rows padded to 16 bytes, as TMA addresses them."""
+    return (random_matrix(n, k, dtype, "cuda").t() if layout == "k-contiguous"
+            else random_matrix(k, n, dtype, "cuda", "padded-row"))
+
+
+def skinny_tma_launches(x, w):
+    """The skinny_tma kernels that x @ w launches (the output's poisoning fill left out)."""
+    return [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
+            if "skinny_tma_kernel" in e["name"]]
+
+
 @pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
                     reason="needs a GPU that lists skinny_tma")
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
@@ -823,10 +836,8 @@ def test_wide_weights_loop_over_row_blocks(dtype, layout):
                     (2 * 64 * sms, 1000, 8), (2 * 64 * sms + 64, 264, 33),
                     (3 * 64 * sms + 1, 1000, 8)]:
         x = torch.randn(m, k, device="cuda").to(dtype)
-        w = (random_matrix(n, k, dtype, "cuda").t() if layout == "k-contiguous"
-             else random_matrix(k, n, dtype, "cuda", "padded-row"))  # rows 16-byte aligned
-        launches = [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
-                    if "skinny_tma_kernel" in e["name"]]
+        w = decode_weight(n, k, dtype, layout)
+        launches = skinny_tma_launches(x, w)
         loops = 2 * sms < -(-n // 64) <= 3 * sms
         assert len(launches) == 1, (n, k, m, launches)
         grid, name = tuple(launches[0]["args"]["grid"]), launches[0]["name"]
@@ -867,9 +878,7 @@ def test_unsplit_row_blocks_start_at_their_own_k(dtype, layout):
     for n, k, m in [(2 * 64 * sms, 1000, 1), (2 * 64 * sms - 5, 4104, 16), (2 * 64 * sms, 72, 7),
                     (2 * 64 * sms + 100, 1000, 9), (4 * 64 * sms + 3, 2056, 16)]:
         x = torch.randn(m, k, device="cuda").to(dtype)
-        w = (random_matrix(n, k, dtype, "cuda").t() if layout == "k-contiguous"
-             else random_matrix(k, n, dtype, "cuda", "padded-row"))  # rows 16-byte aligned
-        launches = [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
-                    if "skinny_tma_kernel" in e["name"]]
+        w = decode_weight(n, k, dtype, layout)
+        launches = skinny_tma_launches(x, w)
         assert len(launches) == 1 and launches[0]["args"]["grid"][1] == 1, (n, k, m, launches)
         assert_matches_reference(x, w, "skinny_tma")
