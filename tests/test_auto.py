@@ -140,6 +140,50 @@ def test_a_save_replaces_a_corrupt_file(measured_mode):
     assert json.loads(measured_mode.read_text()) == {chosen["bucket"]: chosen["algorithm"]}
 
 
+def test_a_save_writes_json_whatever_the_file_held(measured_mode):
+    """Keys another writer left with control characters, characters past ASCII (as Python's json
+    escapes them, a surrogate pair among them) and a lone surrogate survive a save as JSON that
+    Python reads back, with the lone surrogate as U+FFFD: before, a tab went back raw, and every
+    later process read the file as empty."""
+    odd = {"note\tx": "parallel", "line\nend\x01": "tiled", "caf\u00e9 \U0001f600": "naive"}
+    measured_mode.write_text(json.dumps({**odd, "lone \ud800": "tiled"}))  # ASCII, all escaped
+    chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    assert json.loads(measured_mode.read_text()) == {**odd, "lone \ufffd": "tiled",
+                                                     chosen["bucket"]: chosen["algorithm"]}
+
+
+def test_lone_surrogates_in_the_file_are_skipped(tmp_path):
+    """A key or name holding a lone surrogate (valid JSON, no UTF-8 form) is left out at import;
+    it used to stop the import with a TypeError."""
+    path = tmp_path / "surrogates.json"
+    path.write_text('{"\\ud800": "tiled", "x": "\\udfff", "y": "naive"}')
+    try:
+        assert tuning.load_cache(path) == 1
+        assert tuning.tuned_entries() == {"y": "naive"}
+    finally:
+        tuning.clear()
+
+
+def test_import_without_a_home_directory(tmp_path):
+    """Where the cache's folder names a home directory that cannot be found (no HOME and no
+    account entry, as under an arbitrary user id in a container), the package imports and
+    measures, keeping its choices in memory with a warning, and cache_file names the variables
+    to set."""
+    child = subprocess.run(
+        [sys.executable, "-c", "import torch, torch_mm_variants as mmv\n"
+         "print(mmv.explain_auto(torch.randn(9, 9), torch.randn(9, 9))['reason'])\n"
+         "mmv.tuning.cache_file()"],
+        env=child_env(MM_VARIANTS_AUTOTUNE="1", MM_VARIANTS_CACHE_DIR="~no_such_user_mmv/c"),
+        capture_output=True, text=True, cwd=tmp_path)
+    assert child.stdout.split() == ["measured"], child.stderr[-2000:]
+    assert "UserWarning: torch_mm_variants: measured choices are kept in memory only" in \
+        child.stderr
+    assert re.search(r"RuntimeError: torch_mm_variants: the folder for measured choices, "
+                     r"'~no_such_user_mmv/c', cannot be placed .*MM_VARIANTS_CACHE_DIR",
+                     child.stderr), child.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize("value, enabled", [("1", True), ("true", True), (" Yes ", True),
                                             ("ON", True), ("0", False), ("False", False),
                                             (" no", False), ("off", False), ("", False),

@@ -42,26 +42,54 @@ def autotune_requested() -> bool:
 def cache_file() -> Path:
     """The JSON file that keeps measured choices (MM_VARIANTS_CACHE_DIR overrides its folder).
     A leading ~ is the home directory, and a relative folder is taken from the current directory
-    once, here: later saves go to the same file wherever the process has moved since."""
+    once, here: later saves go to the same file wherever the process has moved since. Raises
+    RuntimeError where the folder names a home directory that cannot be found (no HOME and no
+    account entry, as for a container run under an arbitrary user id)."""
     folder = os.environ.get("MM_VARIANTS_CACHE_DIR")
     if not folder:  # empty counts as unset, as for XDG_CACHE_HOME, not as the current directory
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
         folder = os.path.join(base, "torch_mm_variants")
     tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{__version__}")
-    return Path(folder).expanduser().absolute() / f"autotune-{tag}.json"
+    try:
+        return Path(folder).expanduser().absolute() / f"autotune-{tag}.json"
+    except RuntimeError as error:  # pathlib's, naming no variable
+        raise RuntimeError(f"torch_mm_variants: the folder for measured choices, {folder!r}, "
+                           f"cannot be placed ({error}); set MM_VARIANTS_CACHE_DIR or "
+                           "XDG_CACHE_HOME to a folder") from None
+
+
+def placed_cache_file() -> Path | None:
+    """cache_file(), or None where it cannot be placed (measured choices then live in memory)."""
+    try:
+        return cache_file()
+    except (RuntimeError, OSError):  # no home directory; a current directory that was removed
+        return None
 
 
 def load_cache(path: Path | None = None) -> int:
     """Loads saved choices into memory and points future saves at `path`; returns the count."""
-    path = path or cache_file()
-    _C.set_tuning_file(str(path) if _C.autotune_enabled() else "")
+    path = path or placed_cache_file()
+    _C.set_tuning_file(str(path) if path is not None and _C.autotune_enabled() else "")
+    if path is None:
+        return 0
     try:
         entries = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):  # unreadable, or not JSON we can parse
         return 0
     entries = {str(k): str(v) for k, v in entries.items()} if isinstance(entries, dict) else {}
+    # A lone surrogate (valid JSON escapes, "\ud800") has no UTF-8 form to hand to C++, and no
+    # bucket or algorithm name holds one.
+    entries = {k: v for k, v in entries.items() if encodes_to_utf8(k) and encodes_to_utf8(v)}
     _C.add_tuned_entries(entries)
     return len(entries)
+
+
+def encodes_to_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def set_autotune(enabled: bool = True) -> None:
@@ -74,7 +102,13 @@ def set_autotune(enabled: bool = True) -> None:
                         f"{type(enabled).__name__} {enabled!r}")
     _C.set_autotune(enabled)
     if enabled:
-        path = cache_file()
+        path = placed_cache_file()
+        if path is None:
+            _C.set_tuning_file("")
+            warnings.warn("torch_mm_variants: measured choices are kept in memory only, as the "
+                          "folder to save them in cannot be placed (tuning.cache_file); set "
+                          "MM_VARIANTS_CACHE_DIR or XDG_CACHE_HOME to an absolute folder")
+            return
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError:

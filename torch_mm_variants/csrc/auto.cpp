@@ -12,6 +12,7 @@
 #include <cctype>
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
@@ -139,11 +140,22 @@ std::string temporary_name(const std::string& file) {
 #endif
 }
 
+// `s` as a JSON string: quotes and backslashes escaped, and control characters, which JSON
+// readers refuse raw (Python's json among them: a file holding one would be read as empty).
+// Bytes past 0x7f are UTF-8 and go as they are.
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char escaped[7];
+      std::snprintf(escaped, sizeof(escaped), "\\u%04x", static_cast<unsigned>(c));
+      out += escaped;
+    } else {
+      out += c;
+    }
   }
   return out + "\"";
 }
@@ -160,8 +172,61 @@ bool consume(const std::string& text, size_t& pos, char c) {
   return true;
 }
 
-// Reads a JSON string at `pos` into `out`; false for anything else, or for a \u escape, which
-// json_string never writes.
+// Reads the four hex digits of a \u escape at `pos` into `code`.
+bool read_hex4(const std::string& text, size_t& pos, uint32_t& code) {
+  if (text.size() - pos < 4) return false;
+  code = 0;
+  for (int i = 0; i < 4; ++i) {
+    const char h = text[pos++];
+    const int digit = std::isdigit(static_cast<unsigned char>(h)) ? h - '0'
+                      : (h >= 'a' && h <= 'f')                     ? h - 'a' + 10
+                      : (h >= 'A' && h <= 'F')                     ? h - 'A' + 10
+                                                                   : -1;
+    if (digit < 0) return false;
+    code = code * 16 + static_cast<uint32_t>(digit);
+  }
+  return true;
+}
+
+// Appends code point `code` to `out` in UTF-8.
+void append_utf8(uint32_t code, std::string& out) {
+  if (code < 0x80) {
+    out += static_cast<char>(code);
+  } else if (code < 0x800) {
+    out += static_cast<char>(0xC0 | (code >> 6));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  } else if (code < 0x10000) {
+    out += static_cast<char>(0xE0 | (code >> 12));
+    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (code >> 18));
+    out += static_cast<char>(0x80 | ((code >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((code >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (code & 0x3F));
+  }
+}
+
+// Reads a \u escape after its "\u" into `out` as UTF-8: one code point, or a surrogate pair's
+// two escapes as one (as Python's json writes characters past the BMP). A lone surrogate has no
+// UTF-8 form and becomes U+FFFD, so that the file's other entries still count (load_cache skips
+// such an entry, and no bucket holds one).
+bool read_unicode_escape(const std::string& text, size_t& pos, std::string& out) {
+  uint32_t code = 0, low = 0;
+  if (!read_hex4(text, pos, code)) return false;
+  if (code >= 0xD800 && code < 0xDC00 && text.compare(pos, 2, "\\u") == 0) {
+    size_t after = pos + 2;
+    if (!read_hex4(text, after, low)) return false;
+    if (low >= 0xDC00 && low < 0xE000) {
+      code = 0x10000 + ((code - 0xD800) << 10) + (low - 0xDC00);
+      pos = after;
+    }
+  }
+  append_utf8(code >= 0xD800 && code < 0xE000 ? 0xFFFD : code, out);
+  return true;
+}
+
+// Reads a JSON string at `pos` into `out` (UTF-8); false for anything else.
 bool read_json_string(const std::string& text, size_t& pos, std::string& out) {
   static const std::map<char, char> kUnescaped = {{'"', '"'},  {'\\', '\\'}, {'/', '/'},
                                                   {'b', '\b'}, {'f', '\f'},  {'n', '\n'},
@@ -170,6 +235,10 @@ bool read_json_string(const std::string& text, size_t& pos, std::string& out) {
   out.clear();
   while (pos < text.size() && text[pos] != '"') {
     char c = text[pos++];
+    if (c == '\\' && pos < text.size() && text[pos] == 'u') {
+      if (!read_unicode_escape(text, ++pos, out)) return false;
+      continue;
+    }
     if (c == '\\') {
       const auto unescaped = pos < text.size() ? kUnescaped.find(text[pos++]) : kUnescaped.end();
       if (unescaped == kUnescaped.end()) return false;
