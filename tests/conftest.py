@@ -237,6 +237,18 @@ def run_accepted(algorithm, a, b, run):
     return None
 
 
+def rows_accepted(algorithm, m, k, n, dtype, device) -> int:
+    """The most rows, up to m, that `algorithm` takes against a [k, n] b, or m where it takes none
+    (run_accepted then checks its refusal). A rung made for a few tokens refuses the off-tile row
+    counts the tests use, and a refused product checks no value."""
+    b = torch.empty(k, n, dtype=dtype, device=device)
+    for rows in range(m, 0, -1):
+        a = torch.empty(rows, k, dtype=dtype, device=device)
+        if algorithm == "auto" or mmv._C.algorithm_accepts(algorithm, a, b)[0]:
+            return rows
+    return m
+
+
 def run_checked(a, b, algorithm):
     """run_accepted for the op itself: mmv.matmul(a, b, algorithm)."""
     return run_accepted(algorithm, a, b, lambda: mmv.matmul(a, b, algorithm))

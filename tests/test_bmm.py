@@ -10,8 +10,8 @@ import torch
 import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params, assert_gradients_match,
                       capture_graph, check_bmm, devices, gemv_takes, gpu_available,
-                      product_kernels, random_matrix, relative_error, skinny_short_rows, sm_count,
-                      split_kernels, tma_batch_takes)
+                      product_kernels, random_matrix, relative_error, rows_accepted,
+                      skinny_short_rows, sm_count, split_kernels, tma_batch_takes)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -409,9 +409,11 @@ def test_gradient_of_one_operand(device, shared, wanted):
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
 def test_gradient_values(device, algorithm, dtype):
     """The gradients of a and b against float64, on every algorithm and dtype, for a per-entry b
-    and a shared one (whose gradient gathers every entry's)."""
+    and a shared one (whose gradient gathers every entry's); 17 rows an entry, or as many as the
+    rung takes."""
     torch.manual_seed(0)
-    a = torch.randn(2, 17, 33, device=device).to(dtype)
+    a = torch.randn(2, rows_accepted(algorithm, 17, 33, 9, dtype, device), 33, device=device)
+    a = a.to(dtype)
     for b in [torch.randn(2, 33, 9, device=device).to(dtype), random_matrix(33, 9, dtype, device)]:
         assert_gradients_match(algorithm, a[0], b if b.dim() == 2 else b[0],
                                lambda x, y: mmv.matmul(x, y, algorithm), torch.matmul, [a, b])
