@@ -152,6 +152,18 @@ def test_a_save_writes_json_whatever_the_file_held(measured_mode):
                                                      chosen["bucket"]: chosen["algorithm"]}
 
 
+@pytest.mark.parametrize("explain", [mmv.explain_auto, mmv.auto_choice], ids=["explain", "choice"])
+def test_explaining_what_is_not_a_tensor(explain):
+    """explain_auto and auto_choice name the argument that is not a tensor, as matmul does,
+    instead of pybind's list of overloads with the whole tensor printed."""
+    t = torch.randn(3, 3)
+    for a, b, name, position, kind in [(t, [1], "b", 2, "list"), (None, t, "a", 1, "NoneType")]:
+        with pytest.raises(TypeError, match=re.escape(
+                f"torch_mm_variants.explain_auto(): argument '{name}' (position {position}) "
+                f"must be Tensor, not {kind}")):
+            explain(a, b)
+
+
 def test_lone_surrogates_in_the_file_are_skipped(tmp_path):
     """A key or name holding a lone surrogate (valid JSON, no UTF-8 form) is left out at import;
     it used to stop the import with a TypeError."""
