@@ -14,7 +14,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (DTYPE_BY_C10_NAME, capture_graph, child_env, dtype_params, gpu_available,
-                      on_side_stream, relative_error, tolerance_for)
+                      on_side_stream, relative_error, rows_accepted, tolerance_for)
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and a CUDA build")
 
@@ -51,15 +51,6 @@ def if_accepted(run):
 
 def matmul_if_accepted(a: torch.Tensor, b: torch.Tensor, algorithm: str):
     return if_accepted(lambda: mmv.matmul(a, b, algorithm))
-
-
-def rows_taken(algorithm: str, m: int, k: int, n: int, dtype) -> int:
-    """m, or 8 where `algorithm` refuses m rows of a against a [k, n] b (a rung made for a few
-    tokens)."""
-    a = torch.empty(m, k, device="cuda", dtype=dtype)
-    accepted, _ = mmv._C.algorithm_accepts(algorithm, a, torch.empty(k, n, device="cuda",
-                                                                     dtype=dtype))
-    return m if accepted else 8
 
 
 def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance: float) -> None:
@@ -102,7 +93,8 @@ def test_side_stream(algorithm):
     torch.manual_seed(0)
     dtype = a_dtype_of(algorithm)
     tolerance = tolerance_for(dtype, "cuda")
-    a = torch.randn(rows_taken(algorithm, 48, 200, 300, dtype), 200, device="cuda").to(dtype)
+    rows = rows_accepted(algorithm, 48, 200, 300, dtype, "cuda")
+    a = torch.randn(rows, 200, device="cuda").to(dtype)
     b = torch.randn(200, 300, device="cuda").to(dtype)
     new_a = torch.randn_like(a)
 
@@ -176,7 +168,8 @@ def test_cuda_graph_capture_and_replay(algorithm, dtype):
     """Capture the op, change its inputs in place, replay: the output follows the new inputs."""
     torch.manual_seed(0)
     tolerance = tolerance_for(dtype, "cuda")
-    a = torch.randn(rows_taken(algorithm, 60, 67, 300, dtype), 67, device="cuda").to(dtype)
+    rows = rows_accepted(algorithm, 60, 67, 300, dtype, "cuda")
+    a = torch.randn(rows, 67, device="cuda").to(dtype)
     b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
     # Warm-up outside the capture (module load, opt-ins).
     if on_side_stream(lambda: matmul_if_accepted(a, b, algorithm)) is None:

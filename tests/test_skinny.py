@@ -662,6 +662,12 @@ def test_auto_picks_skinny_for_decode(m, n, k, dtype):
 
 
 @pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
+def skinny_tma_launches(x, w):
+    """The skinny_tma kernels that x @ w launches (the output's poisoning fill left out)."""
+    return [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
+            if "skinny_tma_kernel" in e["name"]]
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_tma_ring_sizes(dtype):
     """skinny_tma runs two blocks per SM (96 KB rings) or one (192 KB) where that leaves the
@@ -674,8 +680,7 @@ def test_tma_ring_sizes(dtype):
     for m, n, k in [(64, 4096, 4096), (64, 4096, 14336), (64, 14336, 4096), (61, 4033, 4104),
                     (33, 4095, 8200), (64, 4100, 3992), (128, 4096, 4096), (97, 14336, 4104)]:
         x, w = random_matrix(m, k, dtype, "cuda"), random_matrix(n, k, dtype, "cuda")
-        names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, w.t(), "skinny_tma"))
-                 if "skinny_tma_kernel" in e["name"]]
+        names = [e["name"] for e in skinny_tma_launches(x, w.t())]
         assert len(names) == 1, names
         rings[(m, n, k)] = int(re.search(r"Ring<[^,<>]+, \d+, (\d+)>", names[0]).group(1))
         assert_matches_reference(x, w.t(), "skinny_tma")
@@ -708,8 +713,7 @@ def test_tma_short_k_ring(dtype):
         x = torch.randn(entries, m, k, device="cuda").to(dtype)
         w = torch.randn(entries, n, k, device="cuda").to(dtype)
         a, b = product_or_batch(x, w)
-        names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(a, b, "skinny_tma"))
-                 if "skinny_tma_kernel" in e["name"]]
+        names = [e["name"] for e in skinny_tma_launches(a, b)]
         assert len(names) == 1, (m, n, k, entries, names)
         ring = re.search(r"Ring<[^,<>]+, (\d+), (\d+)>", names[0])
         assert int(ring.group(1)) == tokens, names[0]
@@ -720,8 +724,7 @@ def test_tma_short_k_ring(dtype):
         check_against_float64(a, b, "skinny_tma")
     x = random_matrix(33, 128, dtype, "cuda")
     v = random_matrix(128, 1000, dtype, "cuda")  # row-major [K, N]: the N-major rings
-    names = [e["name"] for e in launched_kernels(lambda: mmv.matmul(x, v, "skinny_tma"))
-             if "skinny_tma_kernel" in e["name"]]
+    names = [e["name"] for e in skinny_tma_launches(x, v)]
     assert len(names) == 1 and re.search(r"Ring<[^,<>]+, 64, (96|192)>, false>", names[0]), names
     assert_matches_reference(x, v, "skinny_tma")
 
@@ -812,12 +815,6 @@ def decode_weight(n, k, dtype, layout):
     stored row-major [K, N] with its rows padded to 16 bytes, as TMA addresses them."""
     return (random_matrix(n, k, dtype, "cuda").t() if layout == "k-contiguous"
             else random_matrix(k, n, dtype, "cuda", "padded-row"))
-
-
-def skinny_tma_launches(x, w):
-    """The skinny_tma kernels that x @ w launches (the output's poisoning fill left out)."""
-    return [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
-            if "skinny_tma_kernel" in e["name"]]
 
 
 @pytest.mark.skipif(not gpu_available() or "skinny_tma" not in mmv.algorithms("cuda"),
