@@ -354,6 +354,18 @@ def launched_kernels(run) -> list[dict]:
     return [e for e in events if e.get("cat") == "kernel"]
 
 
+# The kernels of each rung made for a few tokens (rungs 10-12), by the file that holds them.
+SKINNY_RUNG_KERNELS = {"skinny": ("skinny_kernel", "short_rows_kernel"),
+                       "skinny_tma": ("skinny_tma_kernel",),
+                       "skinny_gemv": ("k_major_kernel", "short_k_kernel", "n_major_kernel")}
+
+
+def kernels_of_rung(names: list[str], algorithm: str) -> list[str]:
+    """The names among `names` of kernels that skinny rung `algorithm` holds."""
+    return [name for name in names
+            if any(f"::{kernel}<" in name for kernel in SKINNY_RUNG_KERNELS[algorithm])]
+
+
 def product_kernels(run) -> list[str]:
     """The names of the package's kernels that run() launches to multiply: not ATen's copies or
     fills, nor the pass that adds the partial sums of blocks that split K (split_kernels)."""

@@ -11,7 +11,8 @@ import torch_mm_variants as mmv
 from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params, assert_gradients_match,
                       capture_graph, check_bmm, devices, gemv_takes, gpu_available,
                       product_kernels, random_matrix, relative_error, rows_accepted,
-                      skinny_short_rows, sm_count, split_kernels, tma_batch_takes)
+                      SKINNY_RUNG_KERNELS, skinny_short_rows, sm_count, split_kernels,
+                      tma_batch_takes)
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -125,8 +126,7 @@ needs_skinny = pytest.mark.skipif(not gpu_available() or "skinny" not in mmv.alg
 
 
 # The kernels of the skinny rungs' batched launches (rungs 10-12).
-SKINNY_KERNELS = ("skinny_kernel", "short_rows_kernel", "k_major_kernel", "short_k_kernel",
-                  "n_major_kernel", "skinny_tma_kernel")
+SKINNY_KERNELS = tuple(k for kernels in SKINNY_RUNG_KERNELS.values() for k in kernels)
 
 
 def expected_decode_batch(a, b, row_major: bool) -> str:

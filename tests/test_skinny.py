@@ -14,10 +14,10 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (assert_matches_reference, capture_graph, check_bmm, gemv_short_k,
-                      gemv_takes, gpu_available, gpu_capability, kernel_sass, launched_kernels,
-                      product_kernels, random_matrix, rung10_blocks_fit_at_once,
-                      short_rows_fragments, skinny_short_rows, sm90a_available, sm_count,
-                      tf32_allowed)
+                      gemv_takes, gpu_available, gpu_capability, kernel_sass, kernels_of_rung,
+                      launched_kernels, product_kernels, random_matrix,
+                      rung10_blocks_fit_at_once, short_rows_fragments, skinny_short_rows,
+                      sm90a_available, sm_count, tf32_allowed)
 
 pytestmark = pytest.mark.skipif(gpu_capability() < (8, 0),
                                 reason="needs a CUDA build and an sm_80+ GPU")
@@ -198,8 +198,8 @@ def test_more_rows_than_the_rung_takes_are_refused(algorithm):
 
 @pytest.mark.parametrize("algorithm", skinny_algorithms())
 def test_training_through_a_skinny_linear(algorithm):
-    """A decode-sized Linear run by a skinny rung trains: the gradient products it refuses (the
-    weight's has out_features rows) run on `auto`, the rest on the rung itself."""
+    """A decode-sized Linear run by a skinny rung trains: the gradient product it refuses (the
+    weight's has out_features rows) runs on `auto`, the input's on the rung itself."""
     torch.manual_seed(0)
     layer = mmv.Linear(256, 192, algorithm=algorithm, device="cuda", dtype=torch.bfloat16)
     reference = torch.nn.Linear(256, 192, device="cuda", dtype=torch.float64)
@@ -209,7 +209,11 @@ def test_training_through_a_skinny_linear(algorithm):
     x = torch.randn(8, 256, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     x64 = x.detach().double().requires_grad_()
     grad = torch.randn(8, 192, device="cuda", dtype=torch.bfloat16)
-    layer(x).backward(grad)
+    out = layer(x)
+    assert kernels_of_rung(product_kernels(lambda: layer(x)), algorithm)
+    backward = product_kernels(lambda: out.backward(grad))
+    on_rung = kernels_of_rung(backward, algorithm)
+    assert len(on_rung) == 1 and len(backward) > 1, backward  # the weight's on another rung
     reference(x64).backward(grad.double())
     for ours, theirs in [(x.grad, x64.grad), (layer.weight.grad, reference.weight.grad),
                          (layer.bias.grad, reference.bias.grad)]:
