@@ -665,13 +665,13 @@ def test_auto_picks_skinny_for_decode(m, n, k, dtype):
     assert_matches_reference(x, w.t(), "auto")
 
 
-@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 def skinny_tma_launches(x, w):
     """The skinny_tma kernels that x @ w launches (the output's poisoning fill left out)."""
     return [e for e in launched_kernels(lambda: mmv.matmul(x, w, "skinny_tma"))
             if "skinny_tma_kernel" in e["name"]]
 
 
+@pytest.mark.skipif(not sm90a_available(), reason="needs sm_90 and sm_90a")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
 def test_tma_ring_sizes(dtype):
     """skinny_tma runs two blocks per SM (96 KB rings) or one (192 KB) where that leaves the
