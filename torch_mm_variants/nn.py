@@ -23,6 +23,12 @@ def check_algorithm(name: str) -> str:
     return name
 
 
+def not_a_tensor(function: str, name: str, position: int, value) -> TypeError:
+    """The TypeError, in torch.mm's words, for an argument `value` that is not a tensor."""
+    return TypeError(f"{function}(): argument '{name}' (position {position}) must be Tensor, "
+                     f"not {type(value).__name__}")
+
+
 def check_tensor(function: str, name: str, position: int, value) -> None:
     """Refuses (TypeError) an argument that is not a tensor (a list, a NumPy array, a number) in
     torch.mm's words, before the wrapper reads it or the op answers with a RuntimeError. Objects
@@ -32,8 +38,7 @@ def check_tensor(function: str, name: str, position: int, value) -> None:
     argument's position and layout, before the wrapper reads sizes a strided one does not have."""
     if not isinstance(value, torch.Tensor):
         if not hasattr(type(value), "__torch_function__"):
-            raise TypeError(f"{function}(): argument '{name}' (position {position}) must be "
-                            f"Tensor, not {type(value).__name__}")
+            raise not_a_tensor(function, name, position, value)
     elif value.is_nested:
         raise RuntimeError(f"{function}(): argument '{name}' (position {position}) is a nested "
                            f"tensor (layout {value.layout}); nested tensors are not supported "

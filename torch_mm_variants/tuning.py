@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import _C
-from .nn import check_matmul_operand
+from .nn import check_matmul_operand, not_a_tensor
 from .version import __version__
 
 AUTOTUNE_ON = ("1", "true", "yes", "on")
@@ -123,10 +123,11 @@ def explain_auto(a: torch.Tensor, b: torch.Tensor) -> dict:
     for their one product of B * M rows; for other batches, the choice for one entry. "batched":
     a batch of entries too small to fill the GPU runs in one launch of the highest rung with a
     batched kernel, not in auto's choice for one entry (a launch per entry)."""
+    # Every non-tensor, as matmul words it, not pybind's overload list: unlike matmul (see
+    # check_tensor), the binding below cannot take objects that override torch functions.
     for position, (name, operand) in enumerate([("a", a), ("b", b)], start=1):
-        if not isinstance(operand, torch.Tensor):  # as matmul words it, not pybind's overload list
-            raise TypeError(f"torch_mm_variants.explain_auto(): argument '{name}' (position "
-                            f"{position}) must be Tensor, not {type(operand).__name__}")
+        if not isinstance(operand, torch.Tensor):
+            raise not_a_tensor("torch_mm_variants.explain_auto", name, position, operand)
     check_matmul_operand("torch_mm_variants.matmul", a)  # explain_auto speaks for matmul
     algorithm, reason, bucket = _C.explain_auto(a, b)
     return {"algorithm": algorithm, "reason": reason, "bucket": bucket}
