@@ -516,7 +516,7 @@ struct Entries {
 
 // Block (blockIdx.x, blockIdx.y, blockIdx.z): weight rows 64 bx .. 64 bx + 63 over k steps
 // by * steps_per_split onwards (the host makes every split non-empty) of batch entry bz, and
-// where the grid has fewer columns than the weight's `row_blocks`, every gridDim.x-th row block
+// where the grid has fewer columns than the weight has row blocks, every gridDim.x-th row block
 // after (plan_loop; unsplit only). With more than one split, the gridDim.y blocks of a column
 // form one cluster, rank blockIdx.y. With `rotate_k`, row block b streams its k from step
 // b % steps round to the start (rotates_k).
@@ -526,7 +526,7 @@ template <typename T, class R, bool kWKMajor>
 __global__ void __launch_bounds__(kThreads)
     skinny_tma_kernel(const __grid_constant__ CUtensorMap w_map,
                       const __grid_constant__ CUtensorMap x_map, T* out, int M, int N, int K,
-                      int steps_per_split, int row_blocks, bool rotate_k, Entries entries) {
+                      int steps_per_split, bool rotate_k, Entries entries) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>(
@@ -559,7 +559,7 @@ __global__ void __launch_bounds__(kThreads)
   hopper::wait_for_previous_grid();
   hopper::allow_next_grid();
 
-  const int stride = static_cast<int>(gridDim.x);
+  const int stride = static_cast<int>(gridDim.x), row_blocks = (N - 1) / kRows + 1;
   if (threadIdx.x < 128) {
     for (int b = blockIdx.x, first = 0; b < row_blocks; b += stride, first += steps) {
       consume<T, R, kWKMajor>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, first,
@@ -674,8 +674,7 @@ void launch(const Plan& p, const CUtensorMap& w_map, const CUtensorMap& x_map, T
   KernelLaunch cluster_launch(p.grid, kThreads, R::kSmemBytes);
   cluster_launch.in_clusters(dim3(1, p.grid.y)).starting_early(p.early);
   cluster_launch.run(kernel, w_map, x_map, out, static_cast<int>(M), static_cast<int>(N),
-                     static_cast<int>(K), p.per_split, static_cast<int>(ceil_div(N, kRows)),
-                     p.rotated, entries);
+                     static_cast<int>(K), p.per_split, p.rotated, entries);
 }
 
 // A map over `entries` matrices entry_ld elements apart (a bmm batch), or over one (a single
