@@ -2,11 +2,13 @@
 wgmma's planner tell apart (a few tokens to thousands of rows, K from 1 to 16384, sizes on and
 just off tile multiples, now and then an empty dimension), random layouts and storage offsets,
 2-D, batched and nn.Linear calls. Each result is checked against float64 with the outputs
-poisoned; a failure names its case, and the test's id seeds the draw, so it replays as it failed."""
+poisoned; a failure names its case, and the test's id seeds the draw, so it replays as it failed.
+MM_VARIANTS_FUZZ_SEED=<any text> draws other cases (the failure names the seed to replay it)."""
 from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import zlib
 
@@ -109,7 +111,8 @@ def run_case(case: Case, algorithm: str, dtype, device: str):
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
 def test_random_products(device, algorithm, dtype, request):
-    rng = random.Random(zlib.crc32(request.node.callspec.id.encode()))
+    seed = os.environ.get("MM_VARIANTS_FUZZ_SEED", "")
+    rng = random.Random(zlib.crc32((request.node.callspec.id + seed).encode()))
     torch.manual_seed(rng.getrandbits(32))
     checked = 0
     for _ in range(CASES):
@@ -120,6 +123,7 @@ def test_random_products(device, algorithm, dtype, request):
         try:
             assert_result(result[0], ref, dtype, ref.device, result[1], scale)
         except AssertionError as error:
-            raise AssertionError(f"{case}: {error}") from None
+            replay = f" (MM_VARIANTS_FUZZ_SEED={seed})" if seed else ""
+            raise AssertionError(f"{case}{replay}: {error}") from None
         checked += 1
     assert checked > 0, f"{algorithm} refused all {CASES} random cases"
