@@ -15,7 +15,8 @@ import torch
 
 import torch_mm_variants as mmv
 from torch_mm_variants import tuning
-from conftest import assert_matches_reference, capture_graph, child_env, gpu_available
+from conftest import (assert_matches_reference, capture_graph, child_env, gpu_available,
+                      tf32_allowed)
 
 # Measures the buckets M = 2^process, K = 2^k for k < buckets. Each process says it has imported
 # torch (the slow part), then waits for the start file, so that all of them save at once.
@@ -150,6 +151,97 @@ def test_a_save_writes_json_whatever_the_file_held(measured_mode):
     chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
     assert json.loads(measured_mode.read_text()) == {**odd, "lone \ufffd": "tiled",
                                                      chosen["bucket"]: chosen["algorithm"]}
+
+
+def test_a_save_writes_only_what_this_process_measured(measured_mode):
+    """Entries this process only loaded are left to the file: what another process measured
+    since, or removed, stands after this process saves a bucket of its own."""
+    theirs, gone = f"{CPU}|Float|rr|1x1x1", f"{CPU}|Float|rr|2x2x2"
+    measured_mode.write_text(json.dumps({theirs: "naive", gone: "naive"}))
+    assert tuning.load_cache() == 2
+    measured_mode.write_text(json.dumps({theirs: "tiled"}))  # another process since
+    chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    assert chosen["reason"] == "measured"
+    assert json.loads(measured_mode.read_text()) == {theirs: "tiled",
+                                                     chosen["bucket"]: chosen["algorithm"]}
+
+
+def test_a_file_of_other_values_is_not_loaded(measured_mode):
+    """A tuning file holds strings only: one holding anything else is read as no file, by the
+    loader as by the saves, which replace it."""
+    measured_mode.write_text(json.dumps({"x": {"nested": 1}, f"{CPU}|Float|rr|1x1x1": "naive"}))
+    assert tuning.load_cache() == 0 and tuning.tuned_entries() == {}
+    chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    assert json.loads(measured_mode.read_text()) == {chosen["bucket"]: chosen["algorithm"]}
+
+
+def test_a_save_never_writes_through_a_link(measured_mode, tmp_path):
+    """The temporary file a save writes is created afresh: names that someone placed as links
+    beside the cache (in a shared folder) are passed over, and what they point at is untouched."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep")
+    links = [measured_mode.with_name(f"{measured_mode.name}.tmp.{os.getpid()}{suffix}")
+             for suffix in ["", *(f".{i}" for i in range(8))]]
+    for link in links:
+        link.symlink_to(victim)
+    mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    assert victim.read_text() == "keep"
+    assert all(link.is_symlink() for link in links)
+    assert not measured_mode.exists() or not measured_mode.is_symlink()
+
+
+def test_set_autotune_loads_the_file_it_saves_to(measured_mode):
+    """Switched on after the cache folder changed (or could not be placed at import),
+    set_autotune loads what the file there holds, rather than measuring it again and
+    overwriting it."""
+    a, b = torch.randn(70, 90), torch.randn(90, 33)
+    mmv.set_autotune(False)
+    bucket = mmv.explain_auto(a, b)["bucket"]
+    measured_mode.write_text(json.dumps({bucket: "simd_packed"}))  # not the heuristic's pick
+    mmv.set_autotune(True)
+    assert mmv.explain_auto(a, b) == {"algorithm": "simd_packed", "reason": "cached",
+                                      "bucket": bucket}
+    assert json.loads(measured_mode.read_text()) == {bucket: "simd_packed"}
+
+
+def test_fake_tensors_are_not_measured(measured_mode):
+    """Under FakeTensorMode (tracing) explain_auto answers from the heuristic instead of timing
+    kernels on tensors that hold no data, on fake inputs as on real ones."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    real_a, real_b = torch.randn(37, 6), torch.randn(6, 7)
+    with FakeTensorMode():
+        fake = mmv.explain_auto(torch.randn(37, 6), torch.randn(6, 7))
+        real = mmv.explain_auto(real_a, real_b)
+    assert fake["reason"] == real["reason"] == "heuristic"
+    assert not measured_mode.exists() and tuning.tuned_entries() == {}
+    assert mmv.explain_auto(real_a, real_b)["reason"] == "measured"
+
+
+def test_explain_auto_speaks_for_the_autocast_dtype(measured_mode):
+    """Under torch.autocast matmul runs, and measures, in the autocast dtype: explain_auto names
+    that bucket and that choice."""
+    a, b = torch.randn(100, 70), torch.randn(70, 60)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert mmv.matmul(a, b).dtype == torch.bfloat16
+        decision = mmv.explain_auto(a, b)
+    [(bucket, ran)] = tuning.tuned_entries().items()
+    assert decision == {"algorithm": ran, "reason": "cached", "bucket": bucket}
+    assert "|BFloat16|" in bucket
+
+
+@pytest.mark.skipif(not gpu_available(), reason="needs a GPU")
+def test_float32_buckets_name_tf32_on_gpu():
+    """float32 on a GPU runs other kernels with TF32 allowed than without (wgmma leaves full
+    precision to tensor_core), so the two keep separate choices; on the CPU TF32 changes
+    nothing."""
+    a, b = torch.randn(300, 200, device="cuda"), torch.randn(200, 100, device="cuda")
+    full = mmv.explain_auto(a, b)["bucket"]
+    with tf32_allowed():
+        tf32 = mmv.explain_auto(a, b)["bucket"]
+        cpu = mmv.explain_auto(a.cpu(), b.cpu())["bucket"]
+    assert "|Float|" in full and "|Float(tf32)|" in tf32
+    assert cpu == mmv.explain_auto(a.cpu(), b.cpu())["bucket"] and "|Float|" in cpu
 
 
 @pytest.mark.parametrize("explain", [mmv.explain_auto, mmv.auto_choice], ids=["explain", "choice"])
@@ -366,6 +458,12 @@ def test_batches_report_the_heuristic_choice_of_bmm(shared):
     assert torch.equal(mmv.matmul(a, b), mmv.matmul(a, b, decision["algorithm"]))
 
 
+def nested(tensors):
+    with warnings.catch_warnings():  # "nested tensors are in prototype stage"
+        warnings.simplefilter("ignore")
+        return torch.nested.nested_tensor(tensors)
+
+
 @pytest.mark.parametrize("a,b", [
     (torch.randn(2, 3, 4), torch.randn(3, 4, 5)),
     (torch.randn(2, 3, 4), torch.randn(2, 5, 6)),
@@ -375,8 +473,10 @@ def test_batches_report_the_heuristic_choice_of_bmm(shared):
     (torch.zeros(2, 3, 4, dtype=torch.int64), torch.zeros(4, 5, dtype=torch.int64)),
     (torch.randn(2, 2, 3, 4), torch.randn(4, 5)),
     (torch.randn(3, 4), torch.randn(5, 6)),
+    (nested([torch.randn(3, 4), torch.randn(2, 4)]), torch.randn(4, 5)),
+    (torch.randn(3, 4), nested([torch.randn(4, 5), torch.randn(4, 2)])),
 ], ids=["batch-sizes", "inner-sizes", "1-D-b", "empty-batch-dtypes", "dtypes", "int64", "4-D-a",
-        "2-D-shapes"])
+        "2-D-shapes", "nested-a", "nested-b"])
 def test_refusals_are_matmuls(a, b):
     """explain_auto and auto_choice refuse what mmv.matmul refuses, with its message."""
     with pytest.raises(RuntimeError) as refused:

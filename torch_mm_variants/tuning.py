@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from . import _C
-from .nn import check_matmul_operand, not_a_tensor
+from .nn import check_matmul_operand, check_tensor, not_a_tensor
 from .version import __version__
 
 AUTOTUNE_ON = ("1", "true", "yes", "on")
@@ -76,7 +76,10 @@ def load_cache(path: Path | None = None) -> int:
         entries = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):  # unreadable, or not JSON we can parse
         return 0
-    entries = {str(k): str(v) for k, v in entries.items()} if isinstance(entries, dict) else {}
+    # Only an object of strings is a tuning file, as the saves (C++) read it: anything else would
+    # be written back stringified, or dropped whole by the next save.
+    if not isinstance(entries, dict) or not all(isinstance(v, str) for v in entries.values()):
+        return 0
     # A lone surrogate (valid JSON escapes, "\ud800") has no UTF-8 form to hand to C++, and no
     # bucket or algorithm name holds one.
     entries = {k: v for k, v in entries.items() if encodes_to_utf8(k) and encodes_to_utf8(v)}
@@ -113,7 +116,7 @@ def set_autotune(enabled: bool = True) -> None:
             path.parent.mkdir(parents=True, exist_ok=True)
         except OSError:
             pass  # measured choices then live in memory only
-        _C.set_tuning_file(str(path))
+        load_cache(path)  # saves go there; what it holds (maybe a folder set since import) counts
 
 
 def explain_auto(a: torch.Tensor, b: torch.Tensor) -> dict:
@@ -122,15 +125,28 @@ def explain_auto(a: torch.Tensor, b: torch.Tensor) -> dict:
     For a batch a [B, M, K] against a shared b whose entries' rows follow one another, the choice
     for their one product of B * M rows; for other batches, the choice for one entry. "batched":
     a batch of entries too small to fill the GPU runs in one launch of the highest rung with a
-    batched kernel, not in auto's choice for one entry (a launch per entry)."""
+    batched kernel, not in auto's choice for one entry (a launch per entry). Under
+    torch.autocast, the choice for the dtype the op casts the inputs to. Where the inputs hold no
+    data (fake tensors, as in tracing), nothing is measured: the cached or heuristic choice."""
     # Every non-tensor, as matmul words it, not pybind's overload list: unlike matmul (see
     # check_tensor), the binding below cannot take objects that override torch functions.
     for position, (name, operand) in enumerate([("a", a), ("b", b)], start=1):
         if not isinstance(operand, torch.Tensor):
             raise not_a_tensor("torch_mm_variants.explain_auto", name, position, operand)
-    check_matmul_operand("torch_mm_variants.matmul", a)  # explain_auto speaks for matmul
-    algorithm, reason, bucket = _C.explain_auto(a, b)
+        check_tensor("torch_mm_variants.matmul", name, position, operand)  # speaks for matmul
+    check_matmul_operand("torch_mm_variants.matmul", a)
+    algorithm, reason, bucket = _C.explain_auto(in_autocast_dtype(a), in_autocast_dtype(b))
     return {"algorithm": algorithm, "reason": reason, "bucket": bucket}
+
+
+def in_autocast_dtype(t: torch.Tensor) -> torch.Tensor:
+    """`t` as the ops take it under torch.autocast (csrc/autocast.cpp): a floating tensor other
+    than float64 in the autocast dtype of its device, where autocast is on for it."""
+    device = t.device.type
+    if (device in ("cpu", "cuda") and torch.is_autocast_enabled(device) and t.is_floating_point()
+            and t.dtype != torch.float64):
+        return t.to(torch.get_autocast_dtype(device))
+    return t
 
 
 def tuned_entries() -> dict:

@@ -3,7 +3,9 @@
 #include "cpu/simd.h"
 
 #include <ATen/ATen.h>
+#include <ATen/FunctionalTensorWrapper.h>
 #include <ATen/Parallel.h>
+#include <c10/core/impl/TorchDispatchModeTLS.h>
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -32,6 +34,9 @@ namespace {
 struct TuningState {
   std::mutex mutex;
   std::map<std::string, std::string> entries;  // bucket -> algorithm name
+  // The entries this process measured: the only ones its saves write, so that a save never puts
+  // back what another process has since measured afresh, or what was removed from the file.
+  std::map<std::string, std::string> measured;
   std::string file;
   std::map<c10::DeviceType, DeviceTuner> tuners;
 };
@@ -59,8 +64,17 @@ int64_t bucket_of(int64_t x) {
 // 'c' for a column-major operand (a transposed view), else 'r'.
 char layout_of(const at::Tensor& t) { return t.stride(0) == 1 && t.stride(1) != 1 ? 'c' : 'r'; }
 
+// The dtype as the kernels take it. float32 on a GPU runs in TF32 or in full precision as
+// torch.backends.cuda.matmul.allow_tf32 says, often on other kernels (wgmma leaves full
+// precision to tensor_core), so the two keep separate choices.
+std::string dtype_key(const at::Tensor& a) {
+  const bool tf32 = a.scalar_type() == at::kFloat && !a.is_cpu() &&
+                    at::globalContext().allowTF32CuBLAS();
+  return std::string(c10::toString(a.scalar_type())) + (tf32 ? "(tf32)" : "");
+}
+
 std::string bucket_key(const at::Tensor& a, const at::Tensor& b, const std::string& device_name) {
-  return device_name + "|" + c10::toString(a.scalar_type()) + "|" + layout_of(a) + layout_of(b) +
+  return device_name + "|" + dtype_key(a) + "|" + layout_of(a) + layout_of(b) +
          "|" + std::to_string(bucket_of(a.size(0))) + "x" + std::to_string(bucket_of(b.size(1))) +
          "x" + std::to_string(bucket_of(a.size(1)));
 }
@@ -104,12 +118,15 @@ const Algorithm* by_name(const std::vector<const Algorithm*>& candidates, const 
 // Holds an exclusive advisory lock on `path` while alive, so that processes sharing a tuning file
 // save one at a time and none overwrites entries another has just written. The lock file is
 // never removed: unlinking it would let two processes lock different files of the same name.
-// Without flock, or where the lock file cannot be created, saves go unlocked.
+// Without flock, or where the lock file can be neither created nor read, saves go unlocked.
 class FileLock {
  public:
   explicit FileLock(const std::string& path) {
 #ifdef MM_VARIANTS_HAS_FLOCK
     fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    // flock needs no write access: a lock file that another user created, in a cache folder
+    // they share, still orders this process's saves with theirs.
+    if (fd_ < 0) fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     while (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
       if (errno != EINTR) release();  // a signal only interrupts the wait: wait again
     }
@@ -130,15 +147,6 @@ class FileLock {
   }
   int fd_ = -1;
 };
-
-// A name that no other process writes at the same time (this process saves one at a time).
-std::string temporary_name(const std::string& file) {
-#ifdef MM_VARIANTS_HAS_FLOCK
-  return file + ".tmp." + std::to_string(::getpid());
-#else
-  return file + ".tmp";
-#endif
-}
 
 // `s` as a JSON string: quotes and backslashes escaped, and control characters, which JSON
 // readers refuse raw (Python's json among them: a file holding one would be read as empty).
@@ -277,38 +285,75 @@ std::map<std::string, std::string> read_tuning_file(const std::string& file) {
   return read_json_entries(text, entries) ? entries : std::map<std::string, std::string>{};
 }
 
-// Writes the file through a temporary and a rename, so that readers never see half of it.
-void write_tuning_file(const std::string& file, const std::map<std::string, std::string>& entries) {
-  const std::string tmp = temporary_name(file);
-  {
-    std::ofstream out(tmp);
-    out << "{\n";
-    size_t i = 0;
-    for (const auto& [bucket, name] : entries) {
-      out << "  " << json_string(bucket) << ": " << json_string(name)
-          << (++i < entries.size() ? ",\n" : "\n");
-    }
-    out << "}\n";
-    out.close();
-    // A partial write (a full disk) must not replace the file; an unwritable cache directory
-    // only costs re-measuring next time.
-    if (!out) {
-      std::remove(tmp.c_str());
-      return;
-    }
+// The entries as a JSON object, one member a line.
+std::string json_text(const std::map<std::string, std::string>& entries) {
+  std::string text = "{\n";
+  size_t i = 0;
+  for (const auto& [bucket, name] : entries) {
+    text += "  " + json_string(bucket) + ": " + json_string(name) +
+            (++i < entries.size() ? ",\n" : "\n");
   }
-  if (std::rename(tmp.c_str(), file.c_str()) != 0) std::remove(tmp.c_str());
+  return text + "}\n";
 }
 
-// Adds this process's entries (the caller holds the state's mutex) to those other processes have
-// saved meanwhile, under a file lock held across the read and the rewrite; for the same bucket,
-// this process's choice wins.
+#ifdef MM_VARIANTS_HAS_FLOCK
+bool write_all(int fd, const std::string& text) {
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Writes `text` to a new file beside `file`, and returns its name (empty where that failed). The
+// file is created afresh (O_EXCL), so a file or a link that someone placed under the name in a
+// shared cache folder is never written through.
+std::string write_temporary(const std::string& file, const std::string& text) {
+  static std::atomic<unsigned> serial{0};
+  for (int attempt = 0; attempt < 16; ++attempt) {
+    const std::string tmp =
+        file + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(serial++);
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd < 0 && errno == EEXIST) continue;
+    if (fd < 0) return "";
+    const bool written = write_all(fd, text);
+    if (::close(fd) == 0 && written) return tmp;
+    ::unlink(tmp.c_str());
+    return "";
+  }
+  return "";
+}
+#else
+std::string write_temporary(const std::string& file, const std::string& text) {
+  const std::string tmp = file + ".tmp";
+  std::ofstream out(tmp);
+  out << text;
+  out.close();
+  if (out) return tmp;
+  std::remove(tmp.c_str());
+  return "";
+}
+#endif
+
+// Writes the file through a temporary and a rename, so that readers never see half of it. A
+// partial write (a full disk) must not replace the file; an unwritable cache directory only costs
+// re-measuring next time.
+void write_tuning_file(const std::string& file, const std::map<std::string, std::string>& entries) {
+  const std::string tmp = write_temporary(file, json_text(entries));
+  if (!tmp.empty() && std::rename(tmp.c_str(), file.c_str()) != 0) std::remove(tmp.c_str());
+}
+
+// Adds the entries this process measured (the caller holds the state's mutex) to what the file
+// holds now, under a file lock held across the read and the rewrite; for the same bucket, this
+// process's measurement wins. Entries it only loaded are left to the file.
 void save_locked(const TuningState& s) {
   if (s.file.empty()) return;
   try {
     const FileLock lock(s.file + ".lock");
     std::map<std::string, std::string> merged = read_tuning_file(s.file);
-    for (const auto& [bucket, name] : s.entries) merged[bucket] = name;
+    for (const auto& [bucket, name] : s.measured) merged[bucket] = name;
     write_tuning_file(s.file, merged);
   } catch (const std::exception&) {
     // Only memory can run out here; the choice is still kept in memory for this process, and a
@@ -343,6 +388,17 @@ std::vector<double> time_on_cpu(const std::vector<const Algorithm*>& candidates,
 // machines, or read by a process with another thread count, holds separate choices for them.
 std::string cpu_name(c10::Device) {
   return "cpu " + cpu::simd::isa() + " " + std::to_string(at::get_num_threads()) + " threads";
+}
+
+// Whether the kernels can be timed on these inputs: tensors with data, not the fake or functional
+// ones of tracing (torch.compile, torch.export, explain_auto called under them), and no dispatch
+// mode (FakeTensorMode) that would make the timing's own output fake.
+bool can_time(const at::Tensor& a, const at::Tensor& b) {
+  const auto holds_data = [](const at::Tensor& t) {
+    return !t.is_meta() && !t.unsafeGetTensorImpl()->is_python_dispatch() &&
+           !at::functionalization::impl::isFunctionalTensor(t);
+  };
+  return holds_data(a) && holds_data(b) && !c10::impl::dispatch_mode_enabled();
 }
 
 void check_has_candidate(const char* op, bool has_candidate, c10::Device device,
@@ -386,14 +442,14 @@ AutoDecision decide_auto(const at::Tensor& a, const at::Tensor& b, const char* o
       return {algorithm, "cached", heuristic.bucket};
     }
   }
-  if (!autotune_flag().load() || candidates.size() == 1) return heuristic;
+  if (!autotune_flag().load() || candidates.size() == 1 || !can_time(a, b)) return heuristic;
   const std::vector<double> ms = tuner->second.time(candidates, a, b);
   if (ms.size() != candidates.size()) return heuristic;  // measuring not allowed right now
   size_t best = 0;
   for (size_t i = 1; i < ms.size(); ++i) {
     if (ms[i] < ms[best]) best = i;
   }
-  s.entries[heuristic.bucket] = candidates[best]->name;
+  s.entries[heuristic.bucket] = s.measured[heuristic.bucket] = candidates[best]->name;
   save_locked(s);
   return {candidates[best], "measured", heuristic.bucket};
 }
@@ -427,6 +483,7 @@ std::map<std::string, std::string> tuned_entries() {
 void clear_tuned_entries() {
   const std::lock_guard<std::mutex> lock(state().mutex);
   state().entries.clear();
+  state().measured.clear();
 }
 
 void register_device_tuner(c10::DeviceType type, DeviceTuner tuner) {

@@ -5,8 +5,10 @@
 // on what it accepts. The measured mode (set_autotune(true), which the Python package calls at
 // import under MM_VARIANTS_AUTOTUNE=1) times every eligible kernel once per shape bucket on the
 // real inputs, keeps the winner in memory and in a JSON file, and reuses it from then on. It
-// never measures during CUDA graph capture (nor during torch.compile tracing, which runs the
-// fake kernel): there the cached or heuristic choice is used.
+// never measures during CUDA graph capture, nor on inputs that hold no data (the fake tensors of
+// torch.compile or torch.export tracing, which run the fake kernel anyway, reach it through
+// explain_auto): there the cached or heuristic choice is used. float32 on a GPU keeps separate
+// choices with TF32 allowed and not.
 #pragma once
 
 #include "registry.h"
