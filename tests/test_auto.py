@@ -351,6 +351,30 @@ def test_cache_dir_variable_takes_home_and_relative_folders(tmp_path, monkeypatc
     assert tuning.cache_file().parent == tmp_path / "relative"
 
 
+def test_a_relative_cache_folder_stays_where_it_was_first_taken(tmp_path, monkeypatch):
+    """A relative folder names one file for the whole process: switched on after the process
+    moved, the measured mode saves where the file was named, and a process started from there
+    again finds the choices."""
+    first, later = tmp_path / "first", tmp_path / "later"
+    first.mkdir()
+    later.mkdir()
+    monkeypatch.chdir(first)
+    monkeypatch.setenv("MM_VARIANTS_CACHE_DIR", f"choices-{os.getpid()}-{tmp_path.name}")
+    named = tuning.cache_file()
+    monkeypatch.chdir(later)
+    tuning.clear()
+    try:
+        mmv.set_autotune(True)
+        chosen = mmv.explain_auto(torch.randn(70, 90), torch.randn(90, 33))
+    finally:
+        mmv.set_autotune(False)
+        tuning.clear()
+        tuning.load_cache(tmp_path / "absent.json")
+    assert named.parent.parent == first
+    assert json.loads(named.read_text()) == {chosen["bucket"]: chosen["algorithm"]}
+    assert not any(later.iterdir())
+
+
 def test_saved_choices_are_reused_by_a_new_process(measured_mode):
     a, b = torch.randn(20, 20), torch.randn(20, 20)
     chosen = mmv.explain_auto(a, b)

@@ -215,6 +215,15 @@ def test_unknown_algorithm_lists_valid_ones():
         mmv.matmul(torch.randn(2, 3), torch.randn(3, 4), "fastest")
 
 
+def test_names_with_control_characters_are_quoted_whole():
+    """A NUL in a name would end the message there; it is escaped, and the valid names follow."""
+    a, b = torch.randn(2, 3), torch.randn(3, 4)
+    with raises(r"unknown algorithm 'naive\\x00x\\x1b' for cpu; valid algorithms: auto, "):
+        torch.ops.mm_variants.matmul(a, b, "naive\x00x\x1b")
+    with raises(r"unknown activation 're\\x00lu'; valid: none, relu"):
+        torch.ops.mm_variants.linear(a, b.t(), None, "re\x00lu", "auto")
+
+
 @pytest.mark.skipif(not (mmv.has_cuda() and torch.cuda.is_available()), reason="needs a GPU")
 def test_different_devices():
     with raises(r"same device, but found"):

@@ -39,19 +39,28 @@ def autotune_requested() -> bool:
     return word in AUTOTUNE_ON
 
 
+# The file each folder setting (with the HOME that ~ reads) was first taken to name.
+_placed: dict[tuple[str, str | None], Path] = {}
+
+
 def cache_file() -> Path:
     """The JSON file that keeps measured choices (MM_VARIANTS_CACHE_DIR overrides its folder).
     A leading ~ is the home directory, and a relative folder is taken from the current directory
-    once, here: later saves go to the same file wherever the process has moved since. Raises
-    RuntimeError where the folder names a home directory that cannot be found (no HOME and no
-    account entry, as for a container run under an arbitrary user id)."""
+    once, the first time a setting is read (at import): later saves, and set_autotune, go to the
+    same file wherever the process has moved since. Raises RuntimeError where the folder names a
+    home directory that cannot be found (no HOME and no account entry, as for a container run
+    under an arbitrary user id)."""
     folder = os.environ.get("MM_VARIANTS_CACHE_DIR")
     if not folder:  # empty counts as unset, as for XDG_CACHE_HOME, not as the current directory
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join("~", ".cache")
         folder = os.path.join(base, "torch_mm_variants")
+    setting = (folder, os.environ.get("HOME"))
+    if setting in _placed:
+        return _placed[setting]
     tag = re.sub(r"[^A-Za-z0-9.]+", "_", f"torch{torch.__version__}-mmv{__version__}")
     try:
-        return Path(folder).expanduser().absolute() / f"autotune-{tag}.json"
+        return _placed.setdefault(setting,
+                                  Path(folder).expanduser().absolute() / f"autotune-{tag}.json")
     except RuntimeError as error:  # pathlib's, naming no variable
         raise RuntimeError(f"torch_mm_variants: the folder for measured choices, {folder!r}, "
                            f"cannot be placed ({error}); set MM_VARIANTS_CACHE_DIR or "

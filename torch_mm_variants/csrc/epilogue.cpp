@@ -1,6 +1,7 @@
 // The epilogue's host side: parsing an activation name, and applying an epilogue with ATen ops
 // for the kernels that do not fuse it (epilogue.h).
 #include "epilogue.h"
+#include "registry.h"
 
 #include <ATen/ATen.h>
 
@@ -23,7 +24,7 @@ Activation parse_activation(c10::string_view name) {
   if (name == "gelu") return Activation::kGelu;
   if (name == "gelu_tanh") return Activation::kGeluTanh;
   if (name == "silu") return Activation::kSilu;
-  TORCH_CHECK(false, "mm_variants::linear: unknown activation '", std::string(name),
+  TORCH_CHECK(false, "mm_variants::linear: unknown activation '", printable_name(name),
               "'; valid: none, relu, gelu, gelu_tanh, silu");
 }
 

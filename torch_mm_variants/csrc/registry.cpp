@@ -3,6 +3,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 
 namespace mm_variants {
@@ -23,6 +24,20 @@ std::string join_names(const std::vector<const Algorithm*>& algorithms) {
 }
 
 }  // namespace
+
+std::string printable_name(c10::string_view name) {
+  std::string out;
+  for (const char c : name) {
+    if (static_cast<unsigned char>(c) >= 0x20 && c != 0x7f) {
+      out += c;
+      continue;
+    }
+    char escaped[5];
+    std::snprintf(escaped, sizeof(escaped), "\\x%02x", static_cast<unsigned>(c & 0xff));
+    out += escaped;
+  }
+  return out;
+}
 
 bool Algorithm::supports(c10::ScalarType dtype) const {
   return std::find(dtypes.begin(), dtypes.end(), dtype) != dtypes.end();
@@ -71,10 +86,10 @@ const Algorithm& find_algorithm(c10::Device device, const std::string& name, con
               ")");
   for (const Algorithm& algorithm : all_algorithms()) {
     TORCH_CHECK(algorithm.name != name || algorithm.device_type != device.type(),
-                op, ": algorithm '", name, "' cannot run on ", device.str(),
+                op, ": algorithm '", printable_name(name), "' cannot run on ", device.str(),
                 "; valid algorithms there: ", join_names(candidates));
   }
-  TORCH_CHECK(false, op, ": unknown algorithm '", name, "' for ", device_name,
+  TORCH_CHECK(false, op, ": unknown algorithm '", printable_name(name), "' for ", device_name,
               "; valid algorithms: ", join_names(candidates));
 }
 

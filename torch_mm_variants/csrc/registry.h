@@ -9,6 +9,7 @@
 #include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
+#include <c10/util/string_view.h>
 
 #include <string>
 #include <vector>
@@ -73,6 +74,10 @@ std::vector<const Algorithm*> algorithms_for(c10::Device device);
 // Every registered name, for any device type, whether or not a device of this process can run
 // it: once each, in ladder order.
 std::vector<std::string> registered_names();
+
+// A name the user gave, as an error message quotes it: control characters as \xNN escapes, since
+// a NUL would end the message there, in Python, before the list of valid names.
+std::string printable_name(c10::string_view name);
 
 // Looks `name` up for `device`; throws a c10::Error listing the valid names when it is unknown.
 const Algorithm& find_algorithm(c10::Device device, const std::string& name,
