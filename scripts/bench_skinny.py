@@ -73,7 +73,13 @@ def parse_args(argv=None):
     p.add_argument("--output", default=None, help="also write the rows as JSON to this file")
     args = p.parse_args(argv)
     if args.output is not None:
-        bench.check_writable(p, "--output", args.output)
+        bench.check_writable(p, "--output", args.output, (".json",))
+    if args.algorithms is not None:  # names the build has, checked before any GPU work
+        try:
+            bench.parse_algorithms(args.algorithms, torch.device("cuda"),
+                                   mmv._C.registered_algorithms())
+        except ValueError as error:
+            p.error(f"--algorithms {args.algorithms!r}: {error}")
     return args
 
 
@@ -118,9 +124,10 @@ def weight_copy(n: int, k: int, dtype: torch.dtype, layout: str, device="cuda",
 
 
 def copies_needed(weight_bytes: int) -> int:
-    """Weight copies whose rotation cannot be served from L2."""
+    """Weight copies whose rotation cannot be served from L2, up to bench's bound on input sets
+    (a 1 x 1 weight would need millions)."""
     l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size
-    return max(2, math.ceil(3 * l2 / weight_bytes))
+    return min(bench.MAX_INPUT_SETS, max(2, math.ceil(3 * l2 / weight_bytes)))
 
 
 def flush_us(fn, inputs) -> float:
@@ -135,9 +142,16 @@ def flush_us(fn, inputs) -> float:
     return 1e3 * float(do_bench(step, warmup=5, rep=25, return_mode="median"))
 
 
+def rotation(inputs, calls: int) -> list:
+    """The inputs in turn for at least `calls` calls, and for every copy at least once: fewer
+    calls than copies would leave the rest unread, and L2 could hold the ones read."""
+    return [inputs[i % len(inputs)] for i in range(max(calls, len(inputs)))]
+
+
 def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
-    """Per call, of `calls` calls over the rotated inputs captured in one CUDA graph."""
-    sequence = [inputs[i % len(inputs)] for i in range(calls)]
+    """Per call, of `calls` calls (or one per input, if more) over the rotated inputs captured
+    in one CUDA graph."""
+    sequence = rotation(inputs, calls)
     side = torch.cuda.Stream()  # first calls (shared-memory opt-ins) outside the capture
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -156,14 +170,15 @@ def graph_us(fn, inputs, calls: int = 48, replays: int = 15) -> float:
         graph.replay()
         end.record()
         end.synchronize()
-        times.append(1e3 * start.elapsed_time(end) / calls)
+        times.append(1e3 * start.elapsed_time(end) / len(sequence))
     return statistics.median(times)
 
 
 def eager_us(fn, inputs, calls: int = 48, repeats: int = 15) -> float:
-    """Per call, of `calls` calls over the rotated inputs issued from Python without waiting for
-    the GPU in between: wall time from an idle GPU until the last call's work is done."""
-    sequence = [inputs[i % len(inputs)] for i in range(calls)]
+    """Per call, of `calls` calls (or one per input, if more) over the rotated inputs issued from
+    Python without waiting for the GPU in between: wall time from an idle GPU until the last
+    call's work is done."""
+    sequence = rotation(inputs, calls)
     for x, w in sequence[:len(inputs)]:  # first calls (shared-memory opt-ins) untimed
         fn(x, w.mT)
     times = []
@@ -173,7 +188,7 @@ def eager_us(fn, inputs, calls: int = 48, repeats: int = 15) -> float:
         for x, w in sequence:
             fn(x, w.mT)
         torch.cuda.synchronize()
-        times.append(1e6 * (time.perf_counter() - start) / calls)
+        times.append(1e6 * (time.perf_counter() - start) / len(sequence))
     return statistics.median(times)
 
 
@@ -194,7 +209,12 @@ def measure(inputs, algorithms, time_us, tolerance: float, baseline=torch.mm):
     # Every copy's product is checked, not the first only: the timed calls run on all of them.
     products = [(x_, w_.mT) for x_, w_ in inputs]
     references = [x_.double() @ w_.double().mT for x_, w_ in inputs]
-    results, beside = [], bench.BesideTorchMm(lambda: time_us(baseline, inputs))
+    # torch.mm is checked before it is timed beside the others: a wrong one is not timed.
+    baseline_err, baseline_error = bench.check(baseline, products, references)
+    baseline_ok = baseline_err <= tolerance
+    results = []
+    beside = bench.BesideTorchMm(
+        lambda: time_us(baseline, inputs) if baseline_ok else float("nan"))
     for algorithm in algorithms:
         # A batch's entries are products of their own: an algorithm takes the batch where it
         # takes one entry (one launch or a launch per entry, as torch_mm_variants.matmul runs it).
@@ -213,9 +233,10 @@ def measure(inputs, algorithms, time_us, tolerance: float, baseline=torch.mm):
                         "ok": err <= tolerance and error is None, "error": error})
         bench.stop_if_context_lost(error, results)
     baseline_us, error = beside.torch_mm_time()
-    if error is not None:
+    error = error or baseline_error
+    if error is not None or not baseline_ok:
         results.append({"algorithm": bench.BASELINE, "us": baseline_us, "ok": False,
-                        "error": error})
+                        "rel_error": baseline_err, "error": error})
         bench.stop_if_context_lost(error, results)
     return results, baseline_us
 

@@ -5,9 +5,13 @@ Builds the rung once per candidate configuration, each a small extension of its 
 source, the registry, the epilogue's host side, and a binding that runs the rung from that
 registry) with the rung's tiling macro predefined through a pre-included header, builds them in
 parallel, then checks each against a float64 reference and times it with triton.testing.do_bench
-(median) at SIZE^3, row-major A and B, with torch.mm timed right before and after it in the same
+(median) at SIZE^3, with torch.mm timed right before and after it in the same
 process (heating and clock changes then affect both alike): each candidate is compared with the
-mean of the two. The fastest configuration is the rung's default. --output writes the rows as
+mean of the two. A is row-major; B is row-major for warp_tiling, and for tensor_core w.t() of an
+nn.Linear weight w [N, K]: the layouts the macro's tiling serves (tensor_core takes a row-major B
+in its DeepTiling where that fits, which the macro does not set). A candidate whose stages need
+more shared memory than the GPU allows a block is not timed (the rung would run another tiling
+in its place). The fastest configuration is the rung's default. --output writes the rows as
 JSON. A candidate that fails its check, or raises there or while timed, gets a failed row and
 the sweep goes on (exit status 1); where the error left the CUDA context dead, it stops there
 and writes the rows measured so far. Needs the package itself built in place (for its
@@ -46,6 +50,18 @@ class Rung:
     fields: str  # the macro's parameters; the first five are always BM, BN, BK.., WM, WN
     candidates: tuple
     tf32: bool  # whether float32 inputs run in TF32 (then torch.mm gets TF32 too)
+    b_k_contiguous: bool = False  # B as w.t(), the layout whose tiling the macro sets
+    # The shared memory a block of a configuration needs, in bytes, where the rung runs another
+    # tiling for one that does not fit (None: it has no such fallback).
+    smem_bytes: object = None
+
+
+def tensor_core_smem_bytes(config) -> int:
+    """08_tensor_core.cu's Tiles::kSmemBytes: the stages of A and B (BK_BYTES of k a row,
+    whatever the dtype), or the epilogue's float staging of 16 rows per warp, whichever is
+    larger."""
+    bm, bn, bk_bytes, wm, wn, stages, _ = config
+    return max(stages * (bm + bn) * bk_bytes, (bm // wm) * (bn // wn) * 16 * (wn + 8) * 4)
 
 
 RUNGS = {
@@ -72,7 +88,7 @@ RUNGS = {
                             (256, 128, 128, 64, 64, 3, 1),
                             (128, 128, 128, 64, 64, 3, 2),
                             (128, 128, 128, 64, 64, 2, 2),
-                        ), tf32=True),
+                        ), tf32=True, b_k_contiguous=True, smem_bytes=tensor_core_smem_bytes),
 }
 
 BINDING = r"""
@@ -150,7 +166,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output", default=None, help="also write the rows as JSON to this file")
     args = parser.parse_args(argv)
     if args.output is not None:
-        bench.check_writable(parser, "--output", args.output)
+        bench.check_writable(parser, "--output", args.output, (".json",))
     args.candidates = parse_candidates(parser, args.rung, args.candidates)
     return args
 
@@ -159,7 +175,7 @@ def parse_candidates(parser, rung_name: str, text: str | None) -> tuple:
     """--candidates's configurations, each as many integers as the rung's macro has fields (a
     usage error otherwise, rather than a compile error after the builds have started)."""
     rung = RUNGS[rung_name]
-    if not text:
+    if text is None:
         return rung.candidates
     fields = rung.fields.split(", ")
     try:
@@ -167,19 +183,30 @@ def parse_candidates(parser, rung_name: str, text: str | None) -> tuple:
     except ValueError:
         parser.error(f"--candidates {text!r}: not ';'-separated lists of comma-separated integers")
     for config in candidates:
+        named = ",".join(map(str, config))
         if len(config) != len(fields):
-            parser.error(f"--candidates: {','.join(map(str, config))} has {len(config)} fields; "
+            parser.error(f"--candidates: {named} has {len(config)} fields; "
                          f"{rung_name}'s are {rung.fields}")
+        if min(config) < 1:
+            parser.error(f"--candidates: {named} has a field below 1 ({rung.fields})")
+        bm, bn, _, wm, wn, *_ = config
+        if bm % wm or bn % wn:
+            parser.error(f"--candidates: {named}: the warp tile {wm} x {wn} does not divide the "
+                         f"block tile {bm} x {bn}")
+    if len(set(candidates)) < len(candidates):  # they would build into one directory at once
+        parser.error("--candidates: a configuration is given more than once")
     return candidates
 
 
-def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tuple[list, float]:
+def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool,
+            smem_limit: int | None = None) -> tuple[list, float]:
     """A row per candidate, and torch.mm's median time. Each candidate (`run_of(config)`, its
     product) is checked against a float64 a @ b, then timed (`time_ms(fn)`: one timing of
     fn(a, b)) with torch.mm right before and after it, and compared with the mean of the two.
     A candidate beyond the tolerance, or that raises, is not timed; one whose timing raises
-    fails too. bench.ContextLost, with the rows so far, where an error left the CUDA context
-    dead."""
+    fails too; so does one needing more than `smem_limit` bytes of shared memory a block, where
+    the rung would run another tiling. bench.ContextLost, with the rows so far, where an error
+    left the CUDA context dead."""
     rung = RUNGS[rung_name]
     n, dtype = a.shape[0], a.dtype
     ref = a.double() @ b.double()
@@ -187,10 +214,15 @@ def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tu
     device_label = bench.device_name(a.device)  # in every row: the data names its GPU
     beside, rows = bench.BesideTorchMm(lambda: time_ms(torch.mm)), []
     for config in candidates:
-        run = run_of(config)
-        err, error = bench.check(run, [(a, b)], [ref])
+        needs = rung.smem_bytes(config) if rung.smem_bytes else 0
+        if smem_limit is not None and needs > smem_limit:
+            err, error = float("nan"), (f"needs {needs} bytes of shared memory a block, the GPU "
+                                        f"allows {smem_limit}: another tiling would run")
+        else:
+            err, error = bench.check(run_of(config), [(a, b)], [ref])
         ms = mm_ms = float("nan")
         if err < tolerance:
+            run = run_of(config)
             ms, mm_ms, error = beside.time(lambda: time_ms(run))
         ok = err < tolerance and error is None
         bm, bn, _, wm, wn, *_ = config
@@ -198,8 +230,10 @@ def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool) -> tu
                      "dtype": str(dtype).removeprefix("torch."), "tf32": tf32, "size": n,
                      "config": dict(zip(rung.fields.split(", "), config)),
                      "threads": bm // wm * (bn // wn) * 32, "ms": ms,
-                     "tflops": 2.0 * n ** 3 / ms / 1e9 if ms > 0 else 0.0, "torch_mm_ms": mm_ms,
-                     "pct_of_torch_mm": 100 * mm_ms / ms if ms > 0 else 0.0, "rel_error": err,
+                     "tflops": 2.0 * n ** 3 / ms / 1e9 if ms > 0 else bench.NOT_TIMED,
+                     "torch_mm_ms": mm_ms,
+                     "pct_of_torch_mm": 100 * mm_ms / ms if ms > 0 else bench.NOT_TIMED,
+                     "rel_error": err,
                      "ok": ok, "error": error})
         print(f"timed {tag(config)}: {ms:.3f} ms (torch.mm {mm_ms:.3f} ms)" if ok
               else f"FAILED {tag(config)}: {error}" if error
@@ -223,13 +257,19 @@ def time_candidates(rung_name: str, candidates, dtype: torch.dtype, n: int,
     torch.manual_seed(0)
     a = torch.randn(n, n, device="cuda", dtype=dtype)
     b = torch.randn(n, n, device="cuda", dtype=dtype)
+    if rung.b_k_contiguous:
+        b = b.t()
     tf32 = dtype == torch.float32 and rung.tf32
+    # What a block may opt in to: the SM's shared memory less the 1 KB the CUDA runtime reserves
+    # for each block (sm_80 on: 227 KB on an H100, 163 KB on an A100, 99 KB on an RTX 4090).
+    smem_limit = torch.cuda.get_device_properties(a.device).shared_memory_per_multiprocessor - 1024
 
     def time_ms(fn) -> float:
         return float(do_bench(lambda: fn(a, b), warmup=100, rep=500, return_mode="median"))
 
     rows, mm_ms = measure(rung_name, candidates, a, b,
-                          lambda config: build(rung_name, config, build_dir).run, time_ms, tf32)
+                          lambda config: build(rung_name, config, build_dir).run, time_ms, tf32,
+                          smem_limit)
     print(f"\n{rung_name} candidates at {n}^3 {str(dtype)[6:]}{' (TF32)' if tf32 else ''} on "
           f"{torch.cuda.get_device_name()}, torch.mm timed right before and after each "
           f"(median {mm_ms:.3f} ms)\n")

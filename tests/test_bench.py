@@ -64,6 +64,9 @@ def test_bench_a_transposed_times_that_layout(weight_layout, tmp_path, capsys, m
     rows = json.loads(out.read_text())
     assert [r["algorithm"] for r in rows] == ["naive", "parallel", "torch.mm"]
     assert all(r["ok"] and r["ms"] > 0 for r in rows)
+    # Each row names the layouts (and TF32, off on the CPU), which the heading says too.
+    assert {(r["a_transposed"], r["weight_layout"], r["tf32"]) for r in rows} == \
+        {(True, weight_layout, False)}
     b_form = "b = w.t(), w [9, 70]" if weight_layout else "b [70, 9]"
     assert f"## 20x9x70 (M x N x K, a = x.t(), x [70, 20], {b_form})" in capsys.readouterr().out
 
@@ -282,16 +285,24 @@ def test_bench_rounds_summarize_the_spread(tmp_path, capsys):
     ["--rounds", "-1"],
     ["--algorithms", "bogus"],
     ["--algorithms", "naive,,tiled"],
+    ["--algorithms", ""],  # not every algorithm
+    ["--algorithms", "naive,naive"],  # its rows would count as two rounds
+    ["--sizes", "8,8x8x8"],
+    ["--output", "{tmp}/dangling.json"],  # a link to a folder that does not exist
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="a GPU is visible")),
+    pytest.param(["--device", "cuda:{gpus}"], marks=pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a GPU")),
 ])
 def test_bad_values_get_a_usage_error_before_the_run(option, tmp_path, capsys, monkeypatch):
     """Each is refused by argparse, naming the option, before anything is measured: not with a
     traceback at the start or end of the run, nor a run with a meaningless value."""
-    option = [arg.format(tmp=tmp_path) for arg in option]
+    (tmp_path / "dangling.json").symlink_to(tmp_path / "missing" / "rows.json")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    option = [arg.format(tmp=tmp_path, gpus=gpus) for arg in option]
     monkeypatch.setattr(bench, "bench_size", lambda *args: pytest.fail("the run started"))
     with pytest.raises(SystemExit) as exit_info:
-        bench.main(["--sizes", "8", *option])
+        bench.main(["--sizes", "8", *option])  # a later --sizes replaces the first
     assert exit_info.value.code == 2
     assert option[0] in capsys.readouterr().err
 
@@ -510,10 +521,17 @@ def test_tune_tiling_parses_candidates_against_the_rungs_fields():
 
 @pytest.mark.parametrize("option", [["--candidates", "128,256,128,64,64,3"],
                                     ["--candidates", "128,256;x"],
-                                    ["--output", "{missing}/rows.json"]])
+                                    ["--candidates", ""],
+                                    ["--candidates", "128,256,128,0,64,3,1"],
+                                    ["--candidates", "128,256,128,48,64,3,1"],  # 48 in 128?
+                                    ["--candidates", "128,128,128,64,64,2,2;128,128,128,64,64,2,2"],
+                                    ["--output", "{missing}/rows.json"],
+                                    ["--output", "rows.csv"]])  # it writes JSON
 def test_tune_tiling_bad_candidates_or_output_get_a_usage_error(option, tmp_path, capsys):
-    """A configuration with the wrong number of fields or not made of integers, or an output in
-    a directory that does not exist, is refused by argparse before anything is built."""
+    """A configuration with the wrong number of fields, not made of integers, with a field
+    below 1 or a warp tile that does not divide the block, given twice, or none at all, and an
+    output in a directory that does not exist or not named .json, are refused by argparse before
+    anything is built."""
     tune = load_script("tune_tiling")
     option = [arg.format(missing=tmp_path / "missing") for arg in option]
     with pytest.raises(SystemExit) as exit_info:
@@ -550,6 +568,36 @@ def test_tune_tiling_times_torch_mm_beside_each_candidate():
                                  "TN": 8, "MIN_BLOCKS": 4}
     assert rows[0]["threads"] == 2 * 2 * 32 and rows[0]["size"] == 16
     assert {r["device_name"] for r in rows} == {bench.device_name(torch.device("cpu"))}
+
+
+def test_tune_tiling_does_not_time_a_candidate_that_would_not_run():
+    """A tensor_core candidate whose stages need more shared memory than a block may have would
+    run another tiling under its name: its row fails with the bytes, untimed, with its rates
+    null rather than 0, and the others are timed."""
+    tune = load_script("tune_tiling")
+    fits, too_big = (128, 128, 128, 64, 64, 2, 2), (128, 256, 128, 64, 64, 4, 1)
+    assert tune.tensor_core_smem_bytes(fits) == 65536
+    assert tune.tensor_core_smem_bytes(too_big) == 196608
+    timed = []
+
+    def time_ms(fn):
+        timed.append(fn)
+        return 1.0
+
+    a, b = torch.randn(16, 16, dtype=torch.bfloat16), torch.randn(16, 16, dtype=torch.bfloat16)
+    rows, _ = tune.measure("tensor_core", (too_big, fits), a, b,
+                           lambda config: torch.mm, time_ms, tf32=False, smem_limit=101376)
+    assert not rows[0]["ok"] and "needs 196608 bytes" in rows[0]["error"]
+    assert math.isnan(rows[0]["tflops"]) and math.isnan(rows[0]["pct_of_torch_mm"])
+    assert rows[1]["ok"] and rows[1]["tflops"] > 0 and len(timed) == 3
+
+
+def test_bench_skinny_rotation_reads_every_copy():
+    """The graph and eager timings call at least once per weight copy: 48 calls over 150
+    copies left 102 unread, and L2 could hold the 48 read."""
+    skinny = load_bench_skinny()
+    assert skinny.rotation(list(range(150)), 48) == list(range(150))
+    assert skinny.rotation([0, 1, 2], 7) == [0, 1, 2, 0, 1, 2, 0]
 
 
 def test_bench_skinny_a_timing_that_raises_fails_its_result_and_goes_on(monkeypatch):
@@ -730,10 +778,12 @@ def test_tune_tiling_on_a_cpu_only_torch_says_so(capsys):
 @pytest.mark.parametrize("option", [["--m", "0"], ["--m", "1,abc"], ["--shapes", "4096x"],
                                     ["--shapes", "abc"], ["--shapes", "4096x0"],
                                     ["--dtypes", "int8"], ["--output", "{missing}/rows.json"],
-                                    ["--output", "{tmp}"]])
+                                    ["--output", "{tmp}"], ["--output", "{tmp}/rows.csv"],
+                                    ["--algorithms", "nosuch"], ["--algorithms", "auto,,auto"]])
 def test_bench_skinny_bad_values_get_a_usage_error_without_a_gpu(option, tmp_path, capsys):
-    """Token counts, weight shapes, dtypes and the output file are checked when parsed, before
-    the run looks for a GPU: a usage error here too, not a traceback there."""
+    """Token counts, weight shapes, dtypes, algorithm names and the output file (JSON) are
+    checked when parsed, before the run looks for a GPU: a usage error here too, not a traceback
+    there, after the weights are made."""
     skinny = load_bench_skinny()
     option = [arg.format(missing=tmp_path / "missing", tmp=tmp_path) for arg in option]
     with pytest.raises(SystemExit) as exit_info:

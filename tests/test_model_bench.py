@@ -48,6 +48,7 @@ def test_the_cuda_device_asked_for_is_made_current(monkeypatch):
     do_bench's events and L2 flush belong to the current device."""
     current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
 
     class Built(Exception):

@@ -26,7 +26,23 @@ def test_sweep_cpu_rows_and_plot(tmp_path, monkeypatch):
     assert all(float(r["rel_error"]) < 1e-5 and float(r["tflops"]) > 0 for r in rows)
     assert all(r["ok"] == "True" for r in rows)
     assert {r["device_name"] for r in rows} == {bench.device_name(torch.device("cpu"))}
+    assert {r["tf32"] for r in rows} == {"False"}  # the CPU's float32 is float32
     assert png.stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("sizes", [1, 2])
+def test_the_time_cap_names_only_what_it_passed_over(sizes, tmp_path, monkeypatch, capsys):
+    """An algorithm slower than --time-cap is not run at the family's larger sizes, and the
+    sweep says so; one that passes the cap at the family's last size was passed over nowhere."""
+    monkeypatch.setattr(sweep, "shapes", lambda device: [("square", s, s, s, False)
+                                                         for s in (8, 16)[:sizes]])
+    out = tmp_path / "s.csv"
+    assert sweep.main(["--device", "cpu", "--dtype", "float32", "--algorithms", "naive",
+                       "--time-cap", "1e-12", "--output", str(out), "--plot", ""]) == 0
+    rows = list(csv.DictReader(open(out)))
+    assert [r["m"] for r in rows if r["algorithm"] == "naive"] == ["8"]
+    said = "square: not run past 1e-12 s per call: naive" in capsys.readouterr().out
+    assert said == (sizes == 2)
 
 
 def test_a_wrong_kernel_fails_its_points_and_is_not_timed(tmp_path, monkeypatch, capsys):
@@ -196,6 +212,8 @@ def test_unwritable_output_gets_a_usage_error_before_the_sweep(option, tmp_path,
     ["--plot", "s.txt"],
     ["--repeat", "0"],
     ["--time-cap", "0"],  # every algorithm would stop after its first point
+    ["--families", ""],  # not every family
+    ["--algorithms", ""],
     ["--time-cap", "abc"],
     pytest.param(["--device", "cuda"], marks=pytest.mark.skipif(
         torch.cuda.is_available(), reason="a GPU is visible")),
@@ -217,6 +235,7 @@ def test_the_cuda_device_asked_for_is_made_current(tmp_path, monkeypatch):
     events and L2 flush, and the kernels' streams, belong to the current device."""
     current = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "set_device", current.append)
     monkeypatch.setattr(sweep, "shapes", lambda device: [("square", 8, 8, 8, False)])
 

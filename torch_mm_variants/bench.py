@@ -67,6 +67,10 @@ class Row:
     ok: bool
     round: int = 1
     error: str | None = None  # what the kernel raised, for a row that failed that way
+    # The run's conditions, which the printed headings give: a row read alone says them too.
+    tf32: bool = False  # float32 on a GPU with TF32 allowed (torch.mm's and ours alike)
+    weight_layout: bool = False  # b = w.t() for an nn.Linear weight w [N, K]
+    a_transposed: bool = False  # a = x.t() for an x [K, M]
 
 
 # The rate of a row that was not timed: written as null (JSON) or nan (CSV), never as 0.
@@ -99,6 +103,9 @@ def make_inputs(m, n, k, dtype, device, sets, weight_layout=False, a_transposed=
     return [(matrix(m, k, a_transposed), matrix(k, n, weight_layout)) for _ in range(sets)]
 
 
+MAX_INPUT_SETS = 1024  # see input_sets_needed
+
+
 def input_sets_needed(m, n, k, dtype, device) -> int:
     """Enough input sets that cycling them cannot be served from the GPU's L2 cache: the
     operands read over one cycle come to three times L2. Outputs are not counted: each call's
@@ -112,7 +119,7 @@ def input_sets_needed(m, n, k, dtype, device) -> int:
         return 1
     l2_bytes = torch.cuda.get_device_properties(device).L2_cache_size
     operand_bytes = (m * k + k * n) * dtype.itemsize
-    return min(1024, max(1, math.ceil(3 * l2_bytes / max(operand_bytes, 1))))
+    return min(MAX_INPUT_SETS, max(1, math.ceil(3 * l2_bytes / max(operand_bytes, 1))))
 
 
 def cycling(fn, inputs):
@@ -270,13 +277,22 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
     tolerance = tolerance_for(dtype, tf32)
     flop = 2.0 * m * n * k
     device_label = device_name(device)
-    beside, rows = BesideTorchMm(lambda: time_ms(cycling(torch.mm, inputs), device, repeat)), []
+    # torch.mm is checked before it is timed beside the others: a wrong one is not timed either.
+    baseline_err, baseline_error = check(torch.mm, inputs, references)
+    baseline_ok = baseline_err <= tolerance
+
+    def time_baseline() -> float:
+        return time_ms(cycling(torch.mm, inputs), device, repeat) if baseline_ok else NOT_TIMED
+
+    beside, rows = BesideTorchMm(time_baseline), []
+    tf32_used = tf32 and dtype == torch.float32 and device.type == "cuda"
 
     def row(name, ms, baseline_ms, err, error=None):
         return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,
                    ms, flop / ms / 1e6 if ms > 0 else NOT_TIMED,
                    100.0 * baseline_ms / ms if ms > 0 else NOT_TIMED, err,
-                   err <= tolerance and error is None, error=error)
+                   err <= tolerance and error is None, error=error, tf32=tf32_used,
+                   weight_layout=weight_layout, a_transposed=a_transposed)
 
     for index, name in enumerate(algorithms):
         progress(f"[{index + 1}/{len(algorithms)}] {name} at {m}x{n}x{k} {dtype}")
@@ -297,9 +313,8 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
         rows.append(row(label, ms, baseline_ms, err, error))
         stop_if_context_lost(error, rows)
     baseline_ms, error = beside.torch_mm_time()
-    err, check_error = check(torch.mm, inputs, references)
-    rows.append(row(BASELINE, baseline_ms, baseline_ms, err, error or check_error))
-    stop_if_context_lost(error or check_error, rows)
+    rows.append(row(BASELINE, baseline_ms, baseline_ms, baseline_err, error or baseline_error))
+    stop_if_context_lost(error or baseline_error, rows)
     progress("")
     return rows
 
@@ -377,6 +392,9 @@ def parse_device(p: argparse.ArgumentParser, text: str) -> torch.device:
         p.error(f"--device {text!r}: {error}")
     if device.type == "cuda" and not torch.cuda.is_available():
         p.error(f"--device {text}: no CUDA GPU is visible")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        p.error(f"--device {text}: there are {torch.cuda.device_count()} visible GPUs, "
+                f"cuda:0 to cuda:{torch.cuda.device_count() - 1}")
     return device
 
 
@@ -391,6 +409,10 @@ def check_writable(p: argparse.ArgumentParser, option: str, path: str,
         p.error(f"{option} {path!r}: the file name must end in {' or '.join(suffixes)}")
     if os.path.isdir(path):
         p.error(f"{option} {path!r}: that is a directory; give a file name")
+    if os.path.islink(path) and not os.path.exists(path):
+        p.error(f"{option} {path!r}: a link to {os.readlink(path)!r}, which does not exist")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        p.error(f"{option} {path!r}: the file exists and is not writable")
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory) or not os.access(directory, os.W_OK | os.X_OK):
         p.error(f"{option} {path!r}: directory {directory!r} does not exist or is not writable")
@@ -423,13 +445,18 @@ def positive_float(text: str) -> float:
     return value
 
 
-def parse_algorithms(text: str | None, device: torch.device) -> list[str]:
+def parse_algorithms(text: str | None, device: torch.device,
+                     available: list[str] | None = None) -> list[str]:
     """The names of a comma-separated --algorithms value (default: auto and every algorithm of
-    `device`); ValueError naming those that `device` lacks, and the valid ones."""
-    available = mmv.algorithms(device)
-    names = text.split(",") if text else ["auto"] + available
+    `device`, or `available` where given); ValueError naming those that it lacks, and the valid
+    ones."""
+    available = mmv.algorithms(device) if available is None else available
+    names = text.split(",") if text is not None else ["auto"] + available
     if "" in names:
-        raise ValueError("an empty name (two commas, or one at an end)")
+        raise ValueError("an empty name (none given, two commas, or one at an end)")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"named more than once: {', '.join(repeated)}")
     unknown = [name for name in names if name != "auto" and name not in available]
     if unknown:
         raise ValueError(f"unknown algorithm(s) {', '.join(unknown)} for {device}; valid: auto, "
@@ -476,6 +503,8 @@ def parse_args(argv=None):
             args.sizes = [parse_size(text) for text in args.sizes.split(",")]
         except argparse.ArgumentTypeError as error:
             p.error(f"--sizes {args.sizes!r}: {error}")
+        if len(set(args.sizes)) < len(args.sizes):  # each would count as rounds of the other
+            p.error("--sizes: a size is given more than once")
     return args
 
 

@@ -256,7 +256,7 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     check_algorithm(p, args.algorithm, bench.parse_device(p, args.device))
     if args.output is not None:
-        bench.check_writable(p, "--output", args.output)
+        bench.check_writable(p, "--output", args.output, (".json",))
     return args
 
 

@@ -57,7 +57,7 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
 
     def row(name, ms, err, torch_mm_ms, error=None):
         return {"device_name": device_label, "family": family, "m": m, "n": n, "k": k,
-                "dtype": str(dtype).removeprefix("torch."),
+                "dtype": str(dtype).removeprefix("torch."), "tf32": tf32,
                 "algorithm": name, "ms": ms,
                 "tflops": 2 * m * n * k / ms / 1e9 if ms > 0 else bench.NOT_TIMED,
                 "gbps": bytes_moved / ms / 1e6 if ms > 0 else bench.NOT_TIMED,
@@ -65,7 +65,10 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
                 "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else bench.NOT_TIMED,
                 "rel_error": err, "ok": err <= tolerance and error is None, "error": error}
 
-    baseline_err = bench.check(torch.mm, inputs, references)[0]
+    # float32 on a GPU with TF32 allowed, torch.mm's and ours alike: a row read alone says so.
+    tf32 = (dtype == torch.float32 and device.type == "cuda"
+            and torch.backends.cuda.matmul.allow_tf32)
+    baseline_err, baseline_error = bench.check(torch.mm, inputs, references)
     baseline_ok = baseline_err <= tolerance  # a wrong torch.mm is not timed either
 
     def time_baseline() -> float:
@@ -75,7 +78,8 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
 
     beside = bench.BesideTorchMm(time_baseline)
     for name in names:
-        if name in time_cap["skipped"]:
+        if name in time_cap["over"]:
+            time_cap["skipped"].add(name)  # named at the end, where a size passed it over
             continue
         if name != "auto":
             accepted, why = mmv._C.algorithm_accepts(name, a0, b0)
@@ -92,10 +96,11 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
         rows.append(row(label, ms, err, torch_mm_ms, error))
         bench.stop_if_context_lost(error, rows)
         if ms > 1e3 * time_cap["seconds"]:
-            time_cap["skipped"].add(name)
+            time_cap["over"].add(name)
     baseline_ms, error = beside.torch_mm_time()
-    rows.append(row(bench.BASELINE, baseline_ms, baseline_err, baseline_ms, error))
-    bench.stop_if_context_lost(error, rows)
+    rows.append(row(bench.BASELINE, baseline_ms, baseline_err, baseline_ms,
+                    error or baseline_error))
+    bench.stop_if_context_lost(error or baseline_error, rows)
     return rows
 
 
@@ -167,7 +172,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as error:
         p.error(f"--algorithms {args.algorithms!r}: {error}")
     families = list(dict.fromkeys(family for family, *_ in shapes(device)))
-    args.families = args.families.split(",") if args.families else families
+    args.families = args.families.split(",") if args.families is not None else families
+    if "" in args.families:
+        p.error("--families: an empty name (none given, two commas, or one at an end)")
     unmatched = [f for f in args.families if not any(name.startswith(f) for name in families)]
     if unmatched:
         p.error(f"--families: no family begins with {', '.join(map(repr, unmatched))}; "
@@ -186,8 +193,8 @@ def main(argv=None) -> int:
     rows, caps, lost = [], {}, None
     for index, (family, m, n, k, weight_layout) in enumerate(todo):
         bench.progress(f"[{index + 1}/{len(todo)}] {family} {m}x{n}x{k}")
-        cap = caps.setdefault(family, {"seconds": args.time_cap, "skipped": set(),
-                                       "refused": {}})
+        cap = caps.setdefault(family, {"seconds": args.time_cap, "over": set(),
+                                       "skipped": set(), "refused": {}})
         try:
             rows += measure(family, m, n, k, weight_layout, dtype, device, args.algorithms,
                             args.repeat, cap, tolerance)
@@ -216,7 +223,8 @@ def main(argv=None) -> int:
     if args.plot and timed:
         try:
             # The rows' name of the GPU: after a dead context, asking CUDA again might fail.
-            plot(timed, args.plot, f"{timed[0]['device_name']}, {args.dtype}")
+            plot(timed, args.plot, f"{timed[0]['device_name']}, {args.dtype}"
+                                   f"{' (TF32 allowed)' if args.tf32 else ''}")
             print(f"wrote {args.plot}")
         except ImportError:
             print("matplotlib is not installed: no plot", file=sys.stderr)
