@@ -256,8 +256,14 @@ def report(case: dict, weight_bytes: int, results: list, baseline_us: float,
     """Prints the table line of one (dtype, M, N, K), `case`, and adds its rows to `rows`;
     whether every algorithm there (and torch.mm's own timing) succeeded."""
     measured = [r for r in results if "skipped" not in r]
-    rows += [{**case, **r, "gbs": weight_bytes / r["us"] / 1e3} for r in measured]
     failed_mm = [r for r in results if r["algorithm"] == bench.BASELINE]
+    # torch.mm's (torch.bmm's) row too, timed or failed, under its own name, as the table has it.
+    baseline_row = failed_mm or ([{"algorithm": bench.BASELINE, "us": baseline_us, "ok": True,
+                                   "error": None}] if baseline_us == baseline_us else [])
+    baseline = {"algorithm": "torch.mm" if case["batch"] is None else "torch.bmm"}
+    rows += [{**case, **r, "gbs": weight_bytes / r["us"] / 1e3}
+             for r in measured if r["algorithm"] != bench.BASELINE]
+    rows += [{**case, **r, **baseline, "gbs": weight_bytes / r["us"] / 1e3} for r in baseline_row]
     times = [r["us"] for r in measured if r["ok"]]
     best = weight_bytes / min(times) / 1e3 if times else float("nan")
     batch = "" if case["batch"] is None else f"| {case['batch']} "

@@ -457,9 +457,11 @@ def test_bench_skinny_batch_rows_and_header(tmp_path, monkeypatch, capsys):
     out = tmp_path / "rows.json"
     assert skinny.main(["--batch", "4", "--m", "2", "--shapes", "24x40", "--dtypes", "float32",
                         "--algorithms", "parallel", "--output", str(out)]) == 0
-    (row,) = json.loads(out.read_text())
+    row, baseline = json.loads(out.read_text())
     assert (row["batch"], row["m"], row["n"], row["k"], row["ok"]) == (4, 2, 24, 40, True)
     assert row["gbs"] == 4 * 24 * 40 * 4 / 2.0 / 1e3
+    assert (baseline["algorithm"], baseline["us"], baseline["gbs"]) == ("torch.bmm", 2.0,
+                                                                        row["gbs"])
     printed = capsys.readouterr().out
     assert "vs torch.bmm" in printed and "| B | dtype | M | N | K | torch.bmm us |" in printed
     assert "| 4 | float32 | 2 | 24 | 40 | 2.0 |" in printed
@@ -659,7 +661,8 @@ def test_bench_skinny_main_writes_failed_rows_and_stops_at_a_dead_context(
                         "--output", str(out)]) == 1
     rows = json.loads(out.read_text())
     measured = [(1, "parallel", True), (1, "naive", False)]
-    measured += [] if dies else [(5, "parallel", True), (5, "naive", False)]
+    measured += [] if dies else [(1, "torch.mm", True), (5, "parallel", True), (5, "naive", False),
+                                 (5, "torch.mm", True)]
     assert [(r["m"], r["algorithm"], r["ok"]) for r in rows] == measured
     assert rows[1]["error"] == f"RuntimeError: {message}" and rows[1]["us"] is None
     assert rows[0]["device_name"] == "Fake GPU" and rows[0]["us"] == 2.0
