@@ -219,10 +219,10 @@ def measure(rung_name: str, candidates, a, b, run_of, time_ms, tf32: bool,
             err, error = float("nan"), (f"needs {needs} bytes of shared memory a block, the GPU "
                                         f"allows {smem_limit}: another tiling would run")
         else:
-            err, error = bench.check(run_of(config), [(a, b)], [ref])
+            run = run_of(config)
+            err, error = bench.check(run, [(a, b)], [ref])
         ms = mm_ms = float("nan")
         if err < tolerance:
-            run = run_of(config)
             ms, mm_ms, error = beside.time(lambda: time_ms(run))
         ok = err < tolerance and error is None
         bm, bn, _, wm, wn, *_ = config

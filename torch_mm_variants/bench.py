@@ -46,6 +46,12 @@ TF32_TOLERANCE = 5e-3
 BASELINE = "torch.mm"
 
 
+def runs_in_tf32(dtype: torch.dtype, device: torch.device, allowed: bool) -> bool:
+    """Whether products of `dtype` on `device` run in TF32 (torch.mm's and ours alike) where
+    TF32 is `allowed`: float32 on a GPU only."""
+    return allowed and dtype == torch.float32 and device.type == "cuda"
+
+
 def tolerance_for(dtype: torch.dtype, tf32: bool) -> float:
     """The worst relative error accepted for `dtype`, TF32's for float32 when TF32 is allowed."""
     return TF32_TOLERANCE if (tf32 and dtype == torch.float32) else TOLERANCE[dtype]
@@ -285,7 +291,7 @@ def bench_size(m, n, k, dtype, device, algorithms, repeat, tf32,
         return time_ms(cycling(torch.mm, inputs), device, repeat) if baseline_ok else NOT_TIMED
 
     beside, rows = BesideTorchMm(time_baseline), []
-    tf32_used = tf32 and dtype == torch.float32 and device.type == "cuda"
+    tf32_used = runs_in_tf32(dtype, device, tf32)
 
     def row(name, ms, baseline_ms, err, error=None):
         return Row(str(device), device_label, str(dtype).removeprefix("torch."), m, n, k, name,

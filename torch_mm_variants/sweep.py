@@ -65,9 +65,8 @@ def measure(family, m, n, k, weight_layout, dtype, device, names, repeat, time_c
                 "pct_of_torch_mm": 100.0 * torch_mm_ms / ms if ms > 0 else bench.NOT_TIMED,
                 "rel_error": err, "ok": err <= tolerance and error is None, "error": error}
 
-    # float32 on a GPU with TF32 allowed, torch.mm's and ours alike: a row read alone says so.
-    tf32 = (dtype == torch.float32 and device.type == "cuda"
-            and torch.backends.cuda.matmul.allow_tf32)
+    # A row read alone says whether it ran in TF32.
+    tf32 = bench.runs_in_tf32(dtype, device, torch.backends.cuda.matmul.allow_tf32)
     baseline_err, baseline_error = bench.check(torch.mm, inputs, references)
     baseline_ok = baseline_err <= tolerance  # a wrong torch.mm is not timed either
 
