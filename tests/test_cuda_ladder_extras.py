@@ -331,3 +331,34 @@ def test_output_past_2_31_elements(op, dtype):
             check_corners(entry, a_entry, w.t(), tolerance, bias)
         out = entry = None
         torch.cuda.empty_cache()
+
+
+# K within one k tile (8 or 32) of 2^31: a k loop that steps k0 by the tile while k0 < K would
+# wrap k0 past 2^31 to a negative index, still below K. One block then walks all of K, which
+# takes minutes on the textbook rungs (an H200: tiled 106 s, tiled_register 183 s, block_tiled
+# 319 s, block_tiled_vectorized 338 s, warp_tiling 490 s; naive and coalescing 46 s; the others
+# seconds), so these tests run only where MM_VARIANTS_LONG_TESTS=1 asks for them.
+K_NEAR_INT_MAX = 2 ** 31 - 7
+LONG_TESTS = os.environ.get("MM_VARIANTS_LONG_TESTS") == "1"
+
+
+@pytest.mark.skipif(not LONG_TESTS, reason="minutes an algorithm: MM_VARIANTS_LONG_TESTS=1")
+@pytest.mark.usefixtures("one_large_test_at_a_time")
+@pytest.mark.parametrize("algorithm", ["auto", *algorithms_taking(torch.bfloat16)])
+def test_k_within_a_tile_of_int_max(algorithm):
+    """[1, K] @ [K, 1] in bf16 at K = 2^31 - 7 (8 GiB of operands) must equal the exact sum.
+    The entries are integers in [-3, 3], so every partial sum, in any order and in any float32
+    accumulator (tensor cores truncate theirs: random normals came out up to 16% off), is an
+    integer far below 2^24 and exact: one k tile lost, repeated or read from elsewhere shows."""
+    chunk = 2 ** 28
+    skip_unless_free(2 * K_NEAR_INT_MAX * 2 + 3 * chunk * 8)
+    torch.manual_seed(0)
+    a = torch.randint(-3, 4, (1, K_NEAR_INT_MAX), device="cuda", dtype=torch.bfloat16)
+    b = torch.randint(-3, 4, (K_NEAR_INT_MAX, 1), device="cuda", dtype=torch.bfloat16)
+    out = matmul_if_accepted(a, b, algorithm)
+    if out is None:
+        return
+    exact = sum((a[0, i:i + chunk].double() @ b[i:i + chunk, 0].double()).item()
+                for i in range(0, K_NEAR_INT_MAX, chunk))
+    expected = torch.tensor(exact, dtype=torch.bfloat16).item()  # the sum rounded to bf16
+    assert out.item() == expected, f"{out.item()} against {exact} (bf16 {expected})"

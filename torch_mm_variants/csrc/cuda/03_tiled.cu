@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(TILE * TILE) tiled_kernel(G g) {
   const int2 tile = tile_origin<TILE, TILE>(g);
   const int row = threadIdx.x / TILE, col = threadIdx.x % TILE;
   float acc = 0.0f;
-  for (int k0 = 0; k0 < g.K; k0 += TILE) {
+  for (int t = 0; t < k_tiles<TILE>(g); ++t) {
+    const int k0 = t * TILE;
     stage_tiles(load_a, load_b, g, tile, k0, a_tile, b_tile);
 #pragma unroll
     for (int k = 0; k < TILE; ++k) acc = fmaf(a_tile[row * kLds + k], b_tile[k * kLds + col], acc);

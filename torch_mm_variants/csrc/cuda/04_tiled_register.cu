@@ -23,7 +23,8 @@ __global__ void __launch_bounds__(BM * BN / TM) tiled_register_kernel(G g) {
   const int2 tile = tile_origin<BM, BN>(g);
   const int row0 = threadIdx.x / BN * TM, col = threadIdx.x % BN;
   float acc[TM] = {};
-  for (int k0 = 0; k0 < g.K; k0 += BK) {
+  for (int t = 0; t < k_tiles<BK>(g); ++t) {
+    const int k0 = t * BK;
     stage_tiles(load_a, load_b, g, tile, k0, a_tile, b_tile);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {

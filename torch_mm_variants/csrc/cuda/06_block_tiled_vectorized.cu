@@ -27,7 +27,8 @@ __global__ void __launch_bounds__(BM / TM * (BN / TN)) block_tiled_vectorized_ke
   const int row0 = threadIdx.x / (BN / TN) * TM, col0 = threadIdx.x % (BN / TN) * TN;
   float acc[TM][TN] = {};
   float a_frag[TM], b_frag[TN];
-  for (int k0 = 0; k0 < g.K; k0 += BK) {
+  for (int t = 0; t < k_tiles<BK>(g); ++t) {
+    const int k0 = t * BK;
     stage_tiles(load_a, load_b, g, tile, k0, a_tile, b_tile);
 #pragma unroll
     for (int k = 0; k < BK; ++k) {

@@ -413,6 +413,13 @@ struct TileLoader {
   }
 };
 
+// The k tiles of width BK that cover K. Rungs 3-6 loop over them rather than step k0 past K:
+// for K within BK of 2^31, k0 + BK would wrap to a negative k0, still below K.
+template <int BK, class G>
+__device__ __forceinline__ int k_tiles(const G& g) {
+  return (g.K - 1) / BK + 1;
+}
+
 // The single-stage step of rungs 3-6: copies the block's A and B tiles for k0 into shared
 // memory and waits until the whole block has stored them.
 template <class LoaderA, class LoaderB, class G>
