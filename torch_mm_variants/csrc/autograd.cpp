@@ -18,6 +18,7 @@
 #include "op_calls.h"
 
 #include <ATen/ATen.h>
+#include <ATen/OpMathType.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -87,26 +88,23 @@ at::Tensor as_rows(const at::Tensor& t) {
   return t.reshape_symint({rows, sizes.back()});
 }
 
-// grad * activation'(pre), in differentiable ATen ops (double backward works).
+// grad * activation'(pre), computed in float32 for 16-bit tensors as PyTorch's own activation
+// gradients are (a float16 chain of ops for gelu_tanh overflowed to NaN from |pre| of about 700,
+// and each step rounded to 16 bits), in differentiable ops (double backward works). ATen's gelu
+// backward is that; its silu backward has no derivative, so silu's is written out.
 at::Tensor activation_grad(const at::Tensor& grad, const at::Tensor& pre, Activation activation) {
   switch (activation) {
     case Activation::kRelu:
       return at::threshold_backward(grad, pre, 0);  // selects: inf * 0 would be NaN
     case Activation::kSilu: {
-      const at::Tensor s = at::sigmoid(pre);
-      return grad * s * (1 + pre * (1 - s));
+      const at::ScalarType wide = at::toOpMathType(grad.scalar_type());
+      const at::Tensor p = pre.to(wide), s = at::sigmoid(p);
+      return (grad.to(wide) * s * (1 + p * (1 - s))).to(grad.scalar_type());
     }
-    case Activation::kGelu: {
-      const at::Tensor cdf = 0.5 * (1 + at::erf(pre * 0.7071067811865476));
-      const at::Tensor pdf = at::exp(-0.5 * pre * pre) * 0.3989422804014327;
-      return grad * (cdf + pre * pdf);
-    }
-    case Activation::kGeluTanh: {
-      const at::Tensor inner = 0.7978845608028654 * (pre + 0.044715 * pre.pow(3));
-      const at::Tensor t = at::tanh(inner);
-      const at::Tensor d_inner = 0.7978845608028654 * (1 + 3 * 0.044715 * pre * pre);
-      return grad * (0.5 * (1 + t) + 0.5 * pre * (1 - t * t) * d_inner);
-    }
+    case Activation::kGelu:
+      return at::gelu_backward(grad, pre, "none");
+    case Activation::kGeluTanh:
+      return at::gelu_backward(grad, pre, "tanh");
     default:
       return grad;
   }
