@@ -416,6 +416,22 @@ def test_torch_export_keeps_the_ops_and_round_trips(device, tmp_path):
         assert relative_error(loaded(x), model(x).double()) < 1e-6
 
 
+class CallsMatmul(nn.Module):
+    def forward(self, a, b):
+        return mmv.matmul(a, b, "tiled")
+
+
+def test_fx_symbolic_trace_records_matmul_as_one_call():
+    """torch.fx.symbolic_trace records mmv.matmul as a call (its choice between the 2-D and the
+    batched op reads a.dim(), which a traced value cannot answer), and the traced module runs
+    both."""
+    traced = torch.fx.symbolic_trace(CallsMatmul())
+    called = [node.target for node in traced.graph.nodes if node.op == "call_function"]
+    assert called == [mmv.matmul]
+    for a, b in [(torch.randn(5, 7), torch.randn(7, 3)), (torch.randn(2, 5, 7), torch.randn(7, 3))]:
+        assert relative_error(traced(a, b), a.double() @ b.double()) < 1e-6
+
+
 # Exports a small MLP (swapped for ours or not), packages it with AOTInductor, loads the package
 # and checks it against the model at two new batch sizes. Run in a child process: a torch whose
 # AOTInductor cannot load packages on a machine crashes there, as torch 2.11's did on an H100
@@ -502,6 +518,17 @@ def test_linear_from_linear_shares_parameters():
     assert ours.algorithm == "parallel" and ours.activation == "none"
     x = torch.randn(4, 6)
     assert relative_error(ours(x), original(x).double()) < 1e-6
+
+
+def test_linear_from_linear_keeps_an_empty_bias_slot():
+    """From a bias=False layer, bias is a registered (empty) parameter as in nn.Linear: a bias can
+    be registered later, and the state dict and parameters agree with nn.Linear's."""
+    original = nn.Linear(4, 3, bias=False)
+    ours = mmv.Linear.from_linear(original)
+    assert "bias" in ours._parameters and ours.bias is None
+    assert list(ours.state_dict()) == list(original.state_dict()) == ["weight"]
+    ours.register_parameter("bias", nn.Parameter(torch.zeros(3)))
+    assert [name for name, _ in ours.named_parameters()] == ["weight", "bias"]
 
 
 def test_linear_from_linear_keeps_training_mode_and_refuses_parametrized_layers():

@@ -7,6 +7,7 @@ cores; `algorithms(device)` lists the rungs that exist for a device, in ladder o
 from __future__ import annotations
 
 import torch
+import torch.fx
 
 from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
 from . import ops  # noqa: F401  (registers the fake kernels; the gradients are C++'s)
@@ -34,6 +35,11 @@ def matmul(a: torch.Tensor, b: torch.Tensor, algorithm: str = "auto") -> torch.T
     if a.dim() == 3:
         return torch.ops.mm_variants.bmm(a, b, algorithm)
     return torch.ops.mm_variants.matmul(a, b, algorithm)
+
+
+# torch.fx.symbolic_trace records a call of matmul as one node: its choice between the two ops
+# reads a.dim(), which a traced value cannot answer.
+torch.fx.wrap("matmul")
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,

@@ -136,7 +136,9 @@ class Linear(nn.Linear):
         new = cls.__new__(cls)
         nn.Module.__init__(new)
         new.in_features, new.out_features = linear.in_features, linear.out_features
-        new.weight, new.bias = linear.weight, linear.bias
+        # Registered as nn.Linear registers them: a bias=False layer keeps an empty bias slot.
+        new.register_parameter("weight", linear.weight)
+        new.register_parameter("bias", linear.bias)
         new.algorithm = algorithm
         new.activation = linear.activation if isinstance(linear, Linear) else "none"
         new.train(linear.training)
