@@ -6,10 +6,30 @@ cores; `algorithms(device)` lists the rungs that exist for a device, in ladder o
 """
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 import torch.fx
 
-from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
+
+def _load_failure(error: ImportError) -> str:
+    """What to do when the compiled extension does not load: it is not built, or it was built
+    against another torch (its C++ ABI changes between minor versions: undefined symbols)."""
+    if importlib.util.find_spec(f"{__name__}._C") is None:
+        return ("torch_mm_variants: the compiled extension (torch_mm_variants._C) is not built: "
+                "run `python3 setup.py build_ext --inplace` in the source tree, or install the "
+                "package with `pip install --no-build-isolation .`")
+    return (f"torch_mm_variants: the compiled extension does not load with torch "
+            f"{torch.__version__}. It must be built against the installed torch's minor version "
+            f"(torch's C++ ABI changes between minor versions): build it again, e.g. `pip "
+            f"install --no-build-isolation --force-reinstall .` or `python3 setup.py build_ext "
+            f"--inplace`. The loader said: {error}")
+
+
+try:
+    from . import _C  # noqa: F401  (loads the library: registers mm_variants::matmul)
+except ImportError as error:
+    raise ImportError(_load_failure(error)) from error
 from . import ops  # noqa: F401  (registers the fake kernels; the gradients are C++'s)
 from .nn import Linear, check_matmul_operand, check_tensor, swap_linear
 from .version import __version__
