@@ -86,6 +86,30 @@ def test_cpu_buckets_name_the_threads_and_instructions():
         mmv._C.set_cpu_isa(isa)
     assert generic.startswith(f"cpu generic {threads} threads|")
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_cpu_thin_products_run_rung_4(dtype):
+    """On the CPU, a product that the packed rungs would pad to whole micro-kernel blocks of four
+    times its output or more (a dot product; a row against 256 columns) runs tiled_register,
+    unless parallel has several tiles to spread over its threads (a row against 300 columns)."""
+    def choice(m, k, n):
+        return mmv.explain_auto(torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype))
+    assert choice(1, 4096, 1)["algorithm"] == "tiled_register"
+    assert choice(1, 4096, 256)["algorithm"] == "tiled_register"
+    assert choice(1, 4096, 300)["algorithm"] == "parallel"
+    assert choice(200, 64, 200)["algorithm"] == "parallel"
+    assert_matches_reference(torch.randn(1, 4096, dtype=dtype), torch.randn(4096, 1, dtype=dtype),
+                             "auto")
+
+
+def test_measured_mode_times_rung_4_only_where_the_packed_rungs_defer(measured_mode):
+    """tiled_register is measured for a dot product, where rungs 5 and 6 pass it over; not for a
+    square product (it is no candidate there, so it cannot be the measured winner)."""
+    thin = mmv.explain_auto(torch.randn(1, 8192), torch.randn(8192, 1))
+    assert thin["reason"] == "measured" and thin["algorithm"] == "tiled_register"
+    square = mmv.explain_auto(torch.randn(96, 96), torch.randn(96, 96))
+    assert square["reason"] == "measured" and square["algorithm"] in ("simd_packed", "parallel")
+
+
 def test_measured_mode_measures_once_and_saves(measured_mode):
     a, b = torch.randn(70, 90), torch.randn(90, 33)
     first = mmv.explain_auto(a, b)

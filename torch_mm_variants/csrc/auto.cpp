@@ -84,12 +84,37 @@ bool auto_takes(const Algorithm& algorithm, c10::ScalarType dtype) {
   return algorithm.auto_candidate && algorithm.supports(dtype);
 }
 
+// Whether each of the candidates above `rung` (there is one at least) passes a single product of
+// these inputs over for a lower rung.
+bool all_above_defer(const std::vector<const Algorithm*>& candidates, int rung,
+                     const at::Tensor& a, const at::Tensor& b) {
+  bool any = false;
+  for (const Algorithm* algorithm : candidates) {
+    if (algorithm->rung <= rung) continue;
+    if (algorithm->defers_to_lower == nullptr || !algorithm->defers_to_lower(a, b, 1)) return false;
+    any = true;
+  }
+  return any;
+}
+
+// auto's candidates for these inputs, in ladder order: the auto candidates that take them, and a
+// rung offered only where the ones above it defer (auto_where_deferred_to) where they all do.
 std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b) {
+  const auto takes = [&](const Algorithm& algorithm) {
+    return algorithm.supports(a.scalar_type()) &&
+           (algorithm.accepts == nullptr || algorithm.accepts(a, b));
+  };
+  std::vector<const Algorithm*> candidates;
+  for (const Algorithm* algorithm : algorithms_for(a.device())) {
+    if (algorithm->auto_candidate && takes(*algorithm)) candidates.push_back(algorithm);
+  }
   std::vector<const Algorithm*> result;
   for (const Algorithm* algorithm : algorithms_for(a.device())) {
-    if (!auto_takes(*algorithm, a.scalar_type())) continue;
-    if (algorithm->accepts != nullptr && !algorithm->accepts(a, b)) continue;
-    result.push_back(algorithm);
+    if (algorithm->auto_candidate ? takes(*algorithm)
+                                  : algorithm->auto_where_deferred_to && takes(*algorithm) &&
+                                        all_above_defer(candidates, algorithm->rung, a, b)) {
+      result.push_back(algorithm);
+    }
   }
   return result;
 }

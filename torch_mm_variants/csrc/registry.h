@@ -62,6 +62,10 @@ struct Algorithm {
   // Inputs on which `auto`'s heuristic passes this algorithm over for the next lower rung that
   // takes them, because that one was measured faster there. Null: never.
   DeferPredicate defers_to_lower = nullptr;
+  // Set by a kernel that `auto` considers only where every higher candidate defers the inputs
+  // to a lower rung (a rung that wins only there, auto_candidate false): measured mode then
+  // times it on those inputs alone, not on every product.
+  bool auto_where_deferred_to = false;
 
   bool supports(c10::ScalarType dtype) const;
 };

@@ -71,8 +71,12 @@ struct TiledRegister {
   }
 };
 
+// auto runs it where rungs 5 and 6 pass a product over: one they would pad to whole
+// micro-kernel blocks of four times its output or more (packed.h).
 MM_VARIANTS_REGISTER({"tiled_register", c10::kCPU, 4, cpu_dtypes(), &run_rung<TiledRegister>,
-                      nullptr, nullptr, "", /*auto_candidate=*/false});
+                      nullptr, nullptr, "", /*auto_candidate=*/false, /*run_fused=*/nullptr,
+                      /*run_batched=*/nullptr, /*defers_to_lower=*/nullptr,
+                      /*auto_where_deferred_to=*/true});
 
 }  // namespace
 }  // namespace mm_variants::cpu

@@ -22,8 +22,15 @@ struct SimdPacked {
   }
 };
 
+// auto passes a product over to rung 4 where padding it to whole micro-kernel blocks at least
+// quadruples its output.
+bool defers_padded(const at::Tensor& a, const at::Tensor& b, int64_t) {
+  return pads_fourfold(a, b);
+}
+
 MM_VARIANTS_REGISTER({"simd_packed", c10::kCPU, 5, cpu_dtypes(), &run_rung<SimdPacked>, nullptr, nullptr,
-                      "", /*auto_candidate=*/true, &run_rung_fused<SimdPacked>});
+                      "", /*auto_candidate=*/true, &run_rung_fused<SimdPacked>,
+                      /*run_batched=*/nullptr, &defers_padded});
 
 }  // namespace
 }  // namespace mm_variants::cpu

@@ -24,8 +24,16 @@ struct Parallel {
   }
 };
 
+// auto passes a product of one tile over to rung 5 (then 4) where padding it to whole
+// micro-kernel blocks at least quadruples its output (packed.h). Of several tiles it keeps it:
+// its cores may make up for the padding.
+bool defers_padded_tile(const at::Tensor& a, const at::Tensor& b, int64_t) {
+  return tile_grid(a.size(0), b.size(1)).count() == 1 && pads_fourfold(a, b);
+}
+
 MM_VARIANTS_REGISTER({"parallel", c10::kCPU, 6, cpu_dtypes(), &run_rung<Parallel>, nullptr, nullptr,
-                      "", /*auto_candidate=*/true, &run_rung_fused<Parallel>});
+                      "", /*auto_candidate=*/true, &run_rung_fused<Parallel>,
+                      /*run_batched=*/nullptr, &defers_padded_tile});
 
 }  // namespace
 }  // namespace mm_variants::cpu

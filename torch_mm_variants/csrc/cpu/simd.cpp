@@ -99,28 +99,47 @@ std::string isa_name(Isa isa) {
   }
 }
 
+// The instruction set whose micro-kernel runs when `isa` is selected: the portable one where
+// this build has no x86 kernels.
+Isa available(Isa isa) {
+#if defined(__GNUC__) && defined(__x86_64__)
+  return isa;
+#else
+  (void)isa;
+  return Isa::kGeneric;
+#endif
+}
+
+template <typename T>
+MicroKernel<T> kernel_of(Isa isa) {
+  constexpr int kLanes128 = 16 / sizeof(T);
+  switch (isa) {
+#if defined(__GNUC__) && defined(__x86_64__)
+    case Isa::kAvx512: return {kMRWide, 8 * kLanes128, &run_avx512<T>};
+    case Isa::kAvx2: return {kMRNarrow, 4 * kLanes128, &run_avx2<T>};
+#endif
+    default: return {kMRNarrow, 2 * kLanes128, &run_generic<T>};
+  }
+}
+
 }  // namespace
 
 template <typename T>
 MicroKernel<T> micro_kernel() {
-  constexpr int kLanes128 = 16 / sizeof(T);
-  switch (selected().load()) {
-#if defined(__GNUC__) && defined(__x86_64__)
-    case Isa::kAvx512:
-      last_handed_out().store(Isa::kAvx512, std::memory_order_relaxed);
-      return {kMRWide, 8 * kLanes128, &run_avx512<T>};
-    case Isa::kAvx2:
-      last_handed_out().store(Isa::kAvx2, std::memory_order_relaxed);
-      return {kMRNarrow, 4 * kLanes128, &run_avx2<T>};
-#endif
-    default:
-      last_handed_out().store(Isa::kGeneric, std::memory_order_relaxed);
-      return {kMRNarrow, 2 * kLanes128, &run_generic<T>};
-  }
+  const Isa isa = available(selected().load());
+  last_handed_out().store(isa, std::memory_order_relaxed);
+  return kernel_of<T>(isa);
+}
+
+template <typename T>
+MicroKernel<T> micro_kernel_shape() {
+  return kernel_of<T>(available(selected().load()));
 }
 
 template MicroKernel<float> micro_kernel<float>();
 template MicroKernel<double> micro_kernel<double>();
+template MicroKernel<float> micro_kernel_shape<float>();
+template MicroKernel<double> micro_kernel_shape<double>();
 
 std::string isa() { return isa_name(selected().load()); }
 

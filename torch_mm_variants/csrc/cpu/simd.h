@@ -22,6 +22,10 @@ struct MicroKernel {
 // The micro-kernel of the selected instruction set, for float or double accumulation.
 template <typename T>
 MicroKernel<T> micro_kernel();
+// Its block shape (mr, nr), for choices made before any kernel runs: unlike micro_kernel, it
+// leaves last_isa as it is.
+template <typename T>
+MicroKernel<T> micro_kernel_shape();
 
 // The selected instruction set: "avx512", "avx2" or "generic". The best one the CPU supports is
 // chosen at load time; set_isa lets tests and benchmarks force a fallback.
