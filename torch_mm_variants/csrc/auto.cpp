@@ -99,24 +99,25 @@ bool all_above_defer(const std::vector<const Algorithm*>& candidates, int rung,
 
 // auto's candidates for these inputs, in ladder order: the auto candidates that take them, and a
 // rung offered only where the ones above it defer (auto_where_deferred_to) where they all do.
+// Each algorithm's dtype and `accepts` are checked once: this runs on every auto call.
 std::vector<const Algorithm*> eligible(const at::Tensor& a, const at::Tensor& b) {
-  const auto takes = [&](const Algorithm& algorithm) {
-    return algorithm.supports(a.scalar_type()) &&
-           (algorithm.accepts == nullptr || algorithm.accepts(a, b));
-  };
-  std::vector<const Algorithm*> candidates;
+  std::vector<const Algorithm*> candidates, offered;
   for (const Algorithm* algorithm : algorithms_for(a.device())) {
-    if (algorithm->auto_candidate && takes(*algorithm)) candidates.push_back(algorithm);
+    if (!algorithm->auto_candidate && !algorithm->auto_where_deferred_to) continue;
+    if (!algorithm->supports(a.scalar_type())) continue;
+    if (algorithm->accepts != nullptr && !algorithm->accepts(a, b)) continue;
+    (algorithm->auto_candidate ? candidates : offered).push_back(algorithm);
   }
-  std::vector<const Algorithm*> result;
-  for (const Algorithm* algorithm : algorithms_for(a.device())) {
-    if (algorithm->auto_candidate ? takes(*algorithm)
-                                  : algorithm->auto_where_deferred_to && takes(*algorithm) &&
-                                        all_above_defer(candidates, algorithm->rung, a, b)) {
-      result.push_back(algorithm);
-    }
+  std::vector<const Algorithm*> taken;
+  for (const Algorithm* algorithm : offered) {
+    if (all_above_defer(candidates, algorithm->rung, a, b)) taken.push_back(algorithm);
   }
-  return result;
+  for (const Algorithm* algorithm : taken) {
+    const auto above = std::find_if(candidates.begin(), candidates.end(),
+                                    [&](const Algorithm* c) { return c->rung > algorithm->rung; });
+    candidates.insert(above, algorithm);
+  }
+  return candidates;
 }
 
 // The highest rung of the candidates (in ladder order) that does not defer `entries` products of
