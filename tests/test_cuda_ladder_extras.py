@@ -362,3 +362,39 @@ def test_k_within_a_tile_of_int_max(algorithm):
                 for i in range(0, K_NEAR_INT_MAX, chunk))
     expected = torch.tensor(exact, dtype=torch.bfloat16).item()  # the sum rounded to bf16
     assert out.item() == expected, f"{out.item()} against {exact} (bf16 {expected})"
+
+
+@pytest.mark.usefixtures("one_large_test_at_a_time")
+@pytest.mark.parametrize("algorithm", ["auto", *algorithms_taking(torch.bfloat16)])
+def test_columns_up_to_int_max(algorithm):
+    """N = 2^31 - 4 (a [2, 1] by [1, N] bf16 product, a 4 GiB b and an 8 GiB output): the last
+    column tile's threads past N must store nothing, where n + 4 wrapped past 2^31 and a 4-wide
+    store landed on the next row's first columns (rungs 6 and 7). The first and last columns of
+    both rows are checked against float64."""
+    n = 2 ** 31 - 4
+    skip_unless_free(n * 2 * 3 + 2 ** 30)
+    torch.manual_seed(0)
+    a = torch.randn(2, 1, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
+    out = matmul_if_accepted(a, b, algorithm)
+    if out is None:
+        return
+    tolerance = tolerance_for(torch.bfloat16, "cuda")
+    for cols in (slice(0, 64), slice(n - 64, n)):
+        check(out[:, cols], a, b[:, cols], tolerance)
+
+
+@pytest.mark.usefixtures("one_large_test_at_a_time")
+def test_bmm_shared_b_past_2_31_rows():
+    """A contiguous [65536, 32768, 1] bf16 batch against a shared [1, 1] b: its entries' rows,
+    2^31 of them, are more than one product may have on the GPU, so the batch runs as a batch
+    instead of as one product the kernels refuse. The first and last entries against float64."""
+    batch, m = 2 ** 16, 2 ** 15
+    skip_unless_free(batch * m * 2 * 2 + 2 ** 30)
+    torch.manual_seed(0)
+    a = torch.randn(batch, m, 1, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(1, 1, device="cuda", dtype=torch.bfloat16)
+    out = mmv.matmul(a, b)
+    tolerance = tolerance_for(torch.bfloat16, "cuda")
+    for entry in (0, batch - 1):
+        check(out[entry], a[entry], b, tolerance)

@@ -19,6 +19,7 @@
 #include <c10/core/DeviceGuard.h>
 #include <torch/library.h>
 
+#include <climits>
 #include <optional>
 
 namespace mm_variants {
@@ -54,6 +55,8 @@ std::optional<at::Tensor> shared_b(const at::Tensor& b) {
 // a contiguous batch (or any whose entries lie M rows apart), entries of one row, a batch of one.
 std::optional<at::Tensor> batch_as_rows(const at::Tensor& a) {
   const int64_t batch = a.size(0), m = a.size(1);
+  // The CUDA kernels take fewer than 2^31 rows (with_gemm); the entries apart they would run.
+  if (a.is_cuda() && batch * m > INT_MAX) return std::nullopt;
   if (m == 1) return a.select(1, 0);
   if (batch == 1) return a.select(0, 0);
   if (a.stride(0) != m * a.stride(1)) return std::nullopt;

@@ -453,11 +453,12 @@ __device__ __forceinline__ void outer_product_acc(float (&acc)[TM][TN], const fl
 }
 
 // Writes vals[0, W) to out[m][n, n + W) as T, skipping what falls outside the matrix: one W-wide
-// vector store when N allows it (n must be a multiple of W), else element by element.
+// vector store when N allows it (n must be a multiple of W), else element by element. A column
+// past N returns first: n + W would wrap past 2^31 for n = N = 2^31 - W, and pass the test below.
 template <int W, typename G>
 __device__ __forceinline__ void store_row(const G& g, int m, int n, const float* vals) {
   using T = typename G::scalar;
-  if (m >= g.M) return;
+  if (m >= g.M || n >= g.N) return;
   T* dst = g.c_at(m, n);
   if (g.N % W == 0 && n + W <= g.N) {
     Vec<T, W> v;
