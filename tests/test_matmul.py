@@ -170,22 +170,33 @@ def test_cpu_simd_fallbacks(isa, algorithm, dtype):
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params(with_auto=True))
 def test_infinities_and_nans_propagate(device, algorithm, dtype):
     """Infinite and NaN elements reach the output as in IEEE arithmetic, as the float64 product
-    has them (an infinity with each product's sign, NaN from NaN and from inf - inf), through
-    every kernel: 3xTF32's operand split included, whose parts of an infinity must not meet the
-    other operand's as inf * 0 or inf - inf. The finite elements stay within the tolerance."""
+    rounded to the dtype has them (an infinity with each product's sign, NaN from NaN and from
+    inf - inf, products past the dtype's largest value infinite), through every kernel:
+    3xTF32's operand split included, which cannot give inf * inf, nor inf times a float32 too
+    small for tf32, nor two values near float32's largest, as float32 does. The finite elements
+    stay within the tolerance."""
     torch.manual_seed(0)
     inf, nan = float("inf"), float("nan")
+    big = torch.finfo(dtype).max * 0.9  # its square overflows
     for m in (8, 200):  # within the skinny rungs' rows, and past them
         a = torch.randn(m, 256, device=device).to(dtype)
         b = torch.randn(256, 72, device=device).to(dtype)
         a[1, 3], a[2, 5], a[3, 7], b[10, 20] = inf, -inf, nan, inf
+        a[4, 10], a[5, 10] = inf, -inf  # inf * inf and -inf * inf at (4, 20) and (5, 20)
+        a[:, 30], b[30, :] = 0, 0
+        a[6, 30], b[30, 40] = big, big  # big * big alone at (6, 40)
+        if dtype == torch.float32 and not (device == "cuda" and
+                                           torch.backends.cuda.matmul.allow_tf32):
+            b[10, 50] = 1e-44  # subnormal, 0 in tf32: +-inf at (4, 50) and (5, 50)
         for b_view in (b, b.t().contiguous().t()):
             result = run_checked(a, b_view, algorithm)
             if result is None:
                 continue
             out, ref = result[0].cpu().double(), a.cpu().double() @ b.cpu().double()
-            assert torch.equal(out.isnan(), ref.isnan()), "NaN where float64 has none, or not"
-            infinite = ref.isinf()
-            assert torch.equal(out.isinf(), infinite) and torch.equal(out[infinite], ref[infinite])
-            finite = ref.isfinite()
+            rounded = ref.to(dtype).double()
+            assert torch.equal(out.isnan(), rounded.isnan()), "NaN where float64 has none, or not"
+            infinite = rounded.isinf()
+            assert torch.equal(out.isinf(), infinite), "infinite where float64 is not, or not"
+            assert torch.equal(out[infinite], rounded[infinite]), "an infinity of the wrong sign"
+            finite = rounded.isfinite()
             assert relative_error(out[finite], ref[finite]) <= result[1]

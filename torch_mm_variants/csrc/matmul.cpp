@@ -91,12 +91,16 @@ const Algorithm& resolve_algorithm(const char* op, const at::Tensor& a, const at
   return chosen;
 }
 
-at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options) {
-  at::Tensor out = at::empty({m, n}, options);
+at::Tensor new_scratch(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  at::Tensor out = at::empty(sizes, options);
   if (poison_outputs.load(std::memory_order_relaxed)) {
     out.fill_(std::numeric_limits<double>::quiet_NaN());
   }
   return out;
+}
+
+at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options) {
+  return new_scratch({m, n}, options);
 }
 
 at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, c10::string_view algorithm) {

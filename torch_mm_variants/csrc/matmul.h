@@ -51,6 +51,10 @@ std::tuple<bool, std::string> algorithm_accepts(const std::string& name, const a
 // A fresh [m, n] output (NaN-filled when output poisoning is on, for the tests).
 at::Tensor new_output(int64_t m, int64_t n, const at::TensorOptions& options);
 
+// Scratch that kernels write before they read it (the partial sums of K splits): NaN-filled too
+// when output poisoning is on, so that a part a kernel does not write shows in the result.
+at::Tensor new_scratch(at::IntArrayRef sizes, const at::TensorOptions& options);
+
 #ifdef MM_VARIANTS_WITH_CUDA
 namespace cuda {
 // Whether this build compiled the sm_90a kernels (wgmma, TMA); defined in cuda/matmul_cuda.cu,

@@ -47,6 +47,7 @@
 // Operands whose pointer or leading dimension is not 16-byte aligned cannot use 16-byte cp.async;
 // they take a slower path chosen at launch that fills the same shared tiles with predicated
 // element loads.
+#include "../matmul.h"
 #include "common.cuh"
 #include "epilogue.cuh"
 #include "k_splits.cuh"
@@ -592,6 +593,17 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
   OE* const staged = reinterpret_cast<OE*>(smem_vec) + warp * L::kEpiWarp;
   OE* const out = reinterpret_cast<OE*>(g.c);
   constexpr int kRowChunks = C::WN / kOutChunk;
+  // 3xTF32 gives NaN for some sums that float32 makes infinite (mma::split_tf32): those are
+  // summed again in float32.
+  const auto sum_of = [&](float sum, int m, int n) {
+    if constexpr (L::kSplit) {
+      if (isnan(sum) && m < g.M && n < g.N) {
+        return mma::plain_dot(reinterpret_cast<const float*>(g.a.at(m, 0)), g.a.k_step(),
+                              reinterpret_cast<const float*>(g.b.at(n, 0)), g.b.k_step(), g.K);
+      }
+    }
+    return sum;
+  };
   // g.c itself is 16-byte aligned (with_gemm; launch_split's slices).
   const bool out_vec16 = g.N % kOutChunk == 0;
 #pragma unroll
@@ -601,8 +613,9 @@ __global__ void __launch_bounds__(Tiles<C, G>::kThreads, C::kMinBlocks)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         OE* p = staged + (gq + 8 * h) * L::kEpiPitch + ni * 8 + 2 * tq;
-        const int n = n0 + warp_n + ni * 8 + 2 * tq;
-        const float x = epi(acc[mi][ni][2 * h], n), y = epi(acc[mi][ni][2 * h + 1], n + 1);
+        const int m = m0 + warp_m + mi * 16 + gq + 8 * h, n = n0 + warp_n + ni * 8 + 2 * tq;
+        const float x = epi(sum_of(acc[mi][ni][2 * h], m, n), n);
+        const float y = epi(sum_of(acc[mi][ni][2 * h + 1], m, n + 1), n + 1);
         if constexpr (sizeof(O) == 2) {
           *reinterpret_cast<uint32_t*>(p) = MmaOp<T>::pack(x, y);
         } else {
@@ -683,8 +696,8 @@ void launch_split(const G& g, int splits, const Epi& epi) {
   splits = static_cast<int>(ceil_div(g.K, per_split));
   const int64_t slice = (static_cast<int64_t>(g.M) * g.N + 3) / 4 * 4;
   const at::Tensor sums =
-      at::empty({splits * slice}, at::TensorOptions().dtype(at::kFloat).device(
-                                      at::kCUDA, c10::cuda::current_device()));
+      new_scratch({splits * slice}, at::TensorOptions().dtype(at::kFloat).device(
+                                        at::kCUDA, c10::cuda::current_device()));
   G first = g;
   first.c = reinterpret_cast<T*>(sums.data_ptr<float>());
   first.ldc = g.N;

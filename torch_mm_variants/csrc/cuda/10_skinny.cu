@@ -464,6 +464,12 @@ __global__ void __launch_bounds__(kThreads, 512 / kThreads) skinny_kernel(skinny
     float sum = 0.0f;
 #pragma unroll
     for (int w = 0; w < kKWarps; ++w) sum += sums[w * COLUMN_WARPS + group][m][row];
+    if constexpr (std::is_same_v<T, float>) {
+      if (isnan(sum)) {  // perhaps an infinite sum that 3xTF32 cannot give (mma::split_tf32)
+        sum = mma::plain_dot(p.x + int64_t(m) * p.ldx + k_begin, 1,
+                             p.w + int64_t(n) * p.ldw + k_begin, 1, k_end - k_begin);
+      }
+    }
     skinny::store_sum(p, m, n, sum);
   }
 }

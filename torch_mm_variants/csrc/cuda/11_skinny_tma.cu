@@ -235,9 +235,20 @@ __device__ __forceinline__ void for_each_sum(const float (&d)[TOKENS / 2], const
 // direct stores ran at 0.64x of torch.bmm, these at 0.90x (32 x [4096, 64], H200).
 // In the staging tile, run c of token m sits at run c ^ (m % 8) of the token's line, so that the
 // 4 tokens of a warp's accumulator store fall in different banks.
-template <typename T, int TOKENS>
+// float32: of four sums of token m, columns n .. n + 3 (up to N - 1), those that 3xTF32 gave as
+// NaN (perhaps infinities it cannot give, mma::split_tf32) summed again (sum_again(m, n)).
+template <class SumAgain>
+__device__ __forceinline__ void sum_nans_again(float* sums, int m, int n, int N,
+                                               const SumAgain& sum_again) {
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    if (isnan(sums[e]) && n + e < N) sums[e] = sum_again(m, n + e);
+  }
+}
+
+template <typename T, int TOKENS, class SumAgain>
 __device__ __forceinline__ void store_sums(const float (&d)[TOKENS / 2], uint8_t* tile, T* out,
-                                           int M, int N, int n0) {
+                                           int M, int N, int n0, const SumAgain& sum_again) {
   constexpr int kRunElems = 16 / sizeof(T), kRuns = kRows / kRunElems;
   constexpr int kLine = kRows * sizeof(T);
   const auto at = [&](int m, int run) { return tile + m * kLine + ((run ^ (m % 8)) << 4); };
@@ -251,6 +262,9 @@ __device__ __forceinline__ void store_sums(const float (&d)[TOKENS / 2], uint8_t
   for (int i = threadIdx.x; i < M * kRuns; i += 128) {
     const int m = i / kRuns, run = i % kRuns, row = n0 + run * kRunElems;
     if (row >= N) continue;
+    if constexpr (std::is_same_v<T, float>) {
+      sum_nans_again(reinterpret_cast<float*>(at(m, run)), m, row, N, sum_again);
+    }
     T* to = out + static_cast<int64_t>(m) * N + row;
     if (whole) {
       *reinterpret_cast<uint4*>(to) = *reinterpret_cast<const uint4*>(at(m, run));
@@ -364,18 +378,57 @@ __device__ __forceinline__ void multiply_3xtf32(float (&d)[R::tokens() / 2], con
   hopper::wgmma_commit();
 }
 
+// Where a bmm batch's entries lie: entry e (blockIdx.z) reads its boxes at coordinate e of the
+// third dimension of x's map and of w's (0 where the entries share one weight), and writes its
+// [M, N] output `out` elements past entry 0's. A single product is a batch of one entry.
+struct Entries {
+  int64_t out = 0;
+  bool shared_w = true;
+  // float32: what the maps read, as plain memory (x's rows; w's rows, K-major, or its k lines),
+  // entry 0's and the entries' strides in elements: for the sums 3xTF32 cannot give.
+  const void* x = nullptr;
+  int64_t ldx = 0, x_entry = 0;
+  const void* w = nullptr;
+  int64_t ldw = 0, w_entry = 0;
+};
+
+// An entry's float32 operands as plain memory: a sum that 3xTF32 gave as NaN, perhaps an
+// infinity it cannot give (mma::split_tf32), is summed again from them over the whole K.
+template <bool kWKMajor>
+struct PlainOperands {
+  const float* x;
+  int64_t ldx;
+  const float* w;
+  int64_t ldw;
+  int K;
+
+  __device__ PlainOperands(const Entries& e, int entry, int K)
+      : x(static_cast<const float*>(e.x) + entry * e.x_entry),
+        ldx(e.ldx),
+        w(static_cast<const float*>(e.w) + (e.shared_w ? 0 : entry * e.w_entry)),
+        ldw(e.ldw),
+        K(K) {}
+
+  __device__ float sum(int m, int n) const {
+    return kWKMajor ? mma::plain_dot(x + m * ldx, 1, w + n * ldw, 1, K)
+                    : mma::plain_dot(x + m * ldx, 1, w + n, ldw, K);
+  }
+};
+
 // The consumer warpgroup: multiplies `steps` stages as they land from ring position `first`,
 // freeing each slot at once, then writes its sums to out (a whole K; through the ring if
 // `ring_free`, no further row block of the block's streaming into it) or as the partial tile at
 // `partial` (a split). float32 sums
 // each stage afresh and adds that into the running sums in float32 (as rung 10 does: the tensor
 // core's own additions keep fewer bits), and splits the next stage's x while the tensor core
-// multiplies.
-template <typename T, class R, bool kWKMajor>
+// multiplies. Where its sums are stored whole, one that came out NaN is summed again
+// (sum_again, sum_nans_again).
+template <typename T, class R, bool kWKMajor, class SumAgain>
 __device__ __forceinline__ void consume(uint16_t* w_tiles, uint16_t* x_tiles,
                                         uint16_t* x_small_tiles, uint64_t* full, uint64_t* empty,
                                         int steps, int first, bool ring_free, T* out,
-                                        float* partial, int M, int N, int n0) {
+                                        float* partial, int M, int N, int n0,
+                                        const SumAgain& sum_again) {
   constexpr int TOKENS = R::tokens();
   constexpr bool kFloat = std::is_same_v<T, float>;
   float d[TOKENS / 2], fresh[kFloat ? TOKENS / 2 : 1];
@@ -422,8 +475,8 @@ __device__ __forceinline__ void consume(uint16_t* w_tiles, uint16_t* x_tiles,
   hopper::named_barrier_sync(1, 128);
   if (partial != nullptr) {
     for_each_sum<TOKENS>(d, [&](int m, int row, float v) { partial[m * kPartialPitch + row] = v; });
-  } else if (ring_free) {
-    store_sums<T, TOKENS>(d, reinterpret_cast<uint8_t*>(w_tiles), out, M, N, n0);
+  } else if (ring_free || kFloat) {  // float32 never loops over row blocks (plan_loop)
+    store_sums<T, TOKENS>(d, reinterpret_cast<uint8_t*>(w_tiles), out, M, N, n0, sum_again);
   } else {
     store_sums_in_place<T, TOKENS>(d, out, M, N, n0);
   }
@@ -457,8 +510,9 @@ __device__ __forceinline__ void store_four(float4 sum, T* out, int m, int N, int
 // The cluster's sums of out[m][n0 .. n0 + 63], this block's share of them: runs of four rows of a
 // token, every `splits`-th group of kThreads runs, each added over every block's partial tile in
 // rank (split) order.
-template <typename T>
-__device__ void sum_cluster_partials(const float* partial, T* out, int M, int N, int n0) {
+template <typename T, class SumAgain>
+__device__ void sum_cluster_partials(const float* partial, T* out, int M, int N, int n0,
+                                     const SumAgain& sum_again) {
   constexpr int kQuads = kRows / 4;
   const int splits = static_cast<int>(gridDim.y), rank = static_cast<int>(blockIdx.y);
   const int runs = M * kQuads, stride = splits * kThreads;
@@ -474,6 +528,9 @@ __device__ void sum_cluster_partials(const float* partial, T* out, int M, int N,
     for (int s = 1; s < splits; ++s) {
       const float4 v = hopper::ld_cluster_float4(run_at(i, s));
       sum = make_float4(sum.x + v.x, sum.y + v.y, sum.z + v.z, sum.w + v.w);
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      sum_nans_again(&sum.x, i / kQuads, n0 + i % kQuads * 4, N, sum_again);
     }
     store_four_elements(sum, out, i / kQuads, N, n0, i % kQuads * 4);
     return;
@@ -501,18 +558,14 @@ __device__ void sum_cluster_partials(const float* partial, T* out, int M, int N,
 #pragma unroll
     for (int b = 0; b < kBatch; ++b) {
       const int i = first + b * stride;
-      if (i < runs) store_four(sum[b], out, i / kQuads, N, n0, i % kQuads * 4);
+      if (i >= runs) continue;
+      if constexpr (std::is_same_v<T, float>) {
+        sum_nans_again(&sum[b].x, i / kQuads, n0 + i % kQuads * 4, N, sum_again);
+      }
+      store_four(sum[b], out, i / kQuads, N, n0, i % kQuads * 4);
     }
   }
 }
-
-// Where a bmm batch's entries lie: entry e (blockIdx.z) reads its boxes at coordinate e of the
-// third dimension of x's map and of w's (0 where the entries share one weight), and writes its
-// [M, N] output `out` elements past entry 0's. A single product is a batch of one entry.
-struct Entries {
-  int64_t out = 0;
-  bool shared_w = true;
-};
 
 // Block (blockIdx.x, blockIdx.y, blockIdx.z): weight rows 64 bx .. 64 bx + 63 over k steps
 // by * steps_per_split onwards (the host makes every split non-empty) of batch entry bz, and
@@ -559,11 +612,16 @@ __global__ void __launch_bounds__(kThreads)
   hopper::wait_for_previous_grid();
   hopper::allow_next_grid();
 
+  // float32: a whole K's sum out[m][n] again in float32, from the operands' plain memory, built
+  // where it is needed so that no register holds it meanwhile.
+  const auto sum_again = [&](int m, int n) {
+    return PlainOperands<kWKMajor>(entries, blockIdx.z, K).sum(m, n);
+  };
   const int stride = static_cast<int>(gridDim.x), row_blocks = (N - 1) / kRows + 1;
   if (threadIdx.x < 128) {
     for (int b = blockIdx.x, first = 0; b < row_blocks; b += stride, first += steps) {
       consume<T, R, kWKMajor>(w_tiles, x_tiles, x_small_tiles, full, empty, steps, first,
-                              b + stride >= row_blocks, out, partial, M, N, b * kRows);
+                              b + stride >= row_blocks, out, partial, M, N, b * kRows, sum_again);
     }
   } else if (threadIdx.x == 128) {
     for (int b = blockIdx.x, first = 0; b < row_blocks; b += stride, first += steps) {
@@ -575,7 +633,7 @@ __global__ void __launch_bounds__(kThreads)
   if (partial != nullptr) {
     __syncwarp();            // the producer warp reconverges for the aligned barrier
     hopper::cluster_sync();  // every block's partial tile is written
-    sum_cluster_partials(partial, out, M, N, n0);
+    sum_cluster_partials(partial, out, M, N, n0, sum_again);
     hopper::cluster_sync();  // and read: no block may leave while others read its tile
   }
 #endif
@@ -695,6 +753,7 @@ struct WeightMap {
   bool k_major;
   at::Tensor data;
   bool shared = true;
+  int64_t ld = 0, entry_ld = 0;  // data's rows (or k lines), and its entries, elements apart
 };
 
 // The map of a K-contiguous weight w [N, K] with 16-byte aligned rows (and entries).
@@ -705,7 +764,7 @@ WeightMap k_major_map(const skinny::Rows& w, int64_t entries = 1, int64_t entry_
   return WeightMap{entries_map(static_cast<const T*>(w.data.data_ptr()), K, N,
                                N == 1 ? skinny::padded_pitch<T>(K) : w.ld, kRows, entries,
                                entry_ld),
-                   true, w.data, entries <= 1};
+                   true, w.data, entries <= 1, w.ld, entry_ld};
 }
 
 // The weights of a bmm batch b [B, K, N], or of a single product's b [K, N] (a weight all the
@@ -729,7 +788,7 @@ std::optional<WeightMap> batch_weight_map(const at::Tensor& b) {
   const int64_t K = lines, N = line;
   return WeightMap{entries_map(static_cast<const T*>(w.data.data_ptr()), N, K, w.ld,
                                kTmaBoxInnerOf<T>, map_entries, entry_ld),
-                   false, w.data, map_entries == 1};
+                   false, w.data, map_entries == 1, w.ld, entry_ld};
 }
 
 // x's map: the tokens of a [B, M, K] (a single product's as a batch of one), in boxes of its M
@@ -739,6 +798,7 @@ std::optional<WeightMap> batch_weight_map(const at::Tensor& b) {
 struct TokensMap {
   CUtensorMap map;
   at::Tensor data;
+  int64_t ld = 0, entry_ld = 0;  // data's rows, and its entries, elements apart
 };
 
 template <typename T>
@@ -752,7 +812,7 @@ TokensMap tokens_map(const at::Tensor& a) {
   return {entries_map(static_cast<const T*>(rows.data.data_ptr()), K, M,
                       M == 1 ? skinny::padded_pitch<T>(K) : rows.ld, static_cast<int>(M), entries,
                       entry_ld),
-          rows.data};
+          rows.data, rows.ld, entry_ld};
 }
 
 // Two blocks per SM overlap one block's start and end with the other's streaming; one block per
@@ -834,10 +894,10 @@ bool alone_is_faster(const Plan& alone, const Plan& shared) {
 // out [entries, >= M * N]: each entry's [M, N] product at the start of its row (a single
 // product's [M, N] is one such row).
 template <typename T, int TOKENS, bool kWKMajor>
-void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, bool shared_w,
+void launch_rings(const CUtensorMap& w_map, const CUtensorMap& x_map, Entries layout,
                   at::Tensor& out, int64_t entries, int64_t M, int64_t N, int64_t K) {
   const int sms = device_info_for(out.device())->multiProcessorCount;
-  const Entries layout{entries > 1 ? out.stride(0) : 0, shared_w};
+  layout.out = entries > 1 ? out.stride(0) : 0;
   T* to = static_cast<T*>(out.data_ptr());
   if constexpr (kWKMajor && !std::is_same_v<T, float>) {
     if (entries > 1 && K <= kShortRingMaxK) {
@@ -866,12 +926,14 @@ template <typename T>
 void launch_skinny_tma(const at::Tensor& a, const WeightMap& w, at::Tensor& out, int64_t N) {
   const int64_t entries = a.size(0), M = a.size(1), K = a.size(2);
   const TokensMap x = tokens_map<T>(a);
+  const Entries layout{0, w.shared, x.data.data_ptr(), x.ld, x.entry_ld,
+                       w.data.data_ptr(), w.ld, w.entry_ld};
   const auto with_tokens = [&](auto tokens) {
     constexpr int TOKENS = decltype(tokens)::value;
     if (w.k_major) {
-      launch_rings<T, TOKENS, true>(w.map, x.map, w.shared, out, entries, M, N, K);
+      launch_rings<T, TOKENS, true>(w.map, x.map, layout, out, entries, M, N, K);
     } else {
-      launch_rings<T, TOKENS, false>(w.map, x.map, w.shared, out, entries, M, N, K);
+      launch_rings<T, TOKENS, false>(w.map, x.map, layout, out, entries, M, N, K);
     }
   };
   if (M <= 8) {

@@ -100,6 +100,9 @@ struct Panel {
                         : data + static_cast<int64_t>(k) * ld + x;
   }
 
+  // The elements from one k to the next along x's line.
+  __host__ __device__ __forceinline__ int64_t k_step() const { return K_CONTIGUOUS ? 1 : ld; }
+
   // The panel from x = x0 on (the columns of B from n0: a slice of the product's columns).
   __host__ __device__ Panel from(int64_t x0) const {
     return {K_CONTIGUOUS ? data + x0 * ld : data + x0, ld};

@@ -110,20 +110,33 @@ __device__ __forceinline__ uint32_t round_to_tf32(uint32_t x) {
 
 // The operand split of 3xTF32 (float32 with TF32 off): x = big + small exactly, big its tf32
 // rounding and small the rest, |small| <= 2^-11 |x|. Both are given as raw 32-bit words.
-// An infinite x would give big = x and small = NaN, and its products with the other operand's
-// parts (inf * small, of either sign or zero) would turn an infinite sum into NaN. Its big is 0
-// instead and small is x: the infinity reaches the sum once, through small * big, with its sign,
-// as in float32 (a compare and a select more per word). x within half a tf32 step of float32's
-// largest value also rounds to infinity; it takes the same path, and the tensor core reads it
-// to TF32's precision.
+// Where the rounding overflows (x infinite, or finite within half a tf32 step of float32's
+// largest value), big is x with its low 13 bits and its exponent's lowest bit cleared: a finite x
+// (exponent 254, whose lowest bit is already 0) is truncated to tf32, and an infinity becomes
+// +-2^127 with small = x, infinite. Then inf * inf gives inf in all three products, and inf times
+// a finite y gives an infinity with the product's sign through small * y_big; where a finite
+// product overflows with the other sign (2^127 * y_small), or y_big is 0 (y is 0 or too small
+// for tf32), the sum comes out NaN, as float32 would give only for inf * 0 and inf - inf. No
+// split of this form can give float32's answer there; those sums are summed again (plain_dot).
 struct Tf32Parts {
   uint32_t big, small;
 };
 
 __device__ __forceinline__ Tf32Parts split_tf32(uint32_t x) {
   uint32_t big = round_to_tf32(x);
-  if (isinf(__uint_as_float(big))) big = 0;
+  if (isinf(__uint_as_float(big))) big = x & 0xff7fe000u;
   return {big, __float_as_uint(__uint_as_float(x) - __uint_as_float(big))};
+}
+
+// The sum over i < count of x[i * x_step] * y[i * y_step], in float32 FMAs in order: a 3xTF32
+// sum that came out NaN, summed again as float32 sums it (split_tf32). It stops at the first NaN,
+// which no later product can undo, so NaN inputs cost little here. Only sums with infinities or
+// NaN take this path; out of line, it stays away from the registers of the kernels' main loops.
+static __device__ __noinline__ float plain_dot(const float* x, int64_t x_step, const float* y,
+                                               int64_t y_step, int64_t count) {
+  float sum = 0.0f;
+  for (int64_t i = 0; i < count && !isnan(sum); ++i) sum = fmaf(x[i * x_step], y[i * y_step], sum);
+  return sum;
 }
 
 // Two float32 accumulators rounded to nearest (as static_cast<c10::Half> / <c10::BFloat16>

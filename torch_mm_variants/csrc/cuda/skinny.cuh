@@ -4,6 +4,7 @@
 // kernels with its K split, and their loads.
 #pragma once
 
+#include "../matmul.h"
 #include "common.cuh"
 #include "k_splits.cuh"
 
@@ -299,7 +300,7 @@ class SplitProduct {
       : splits_(split.splits), entries_(batch.entries), out_stride_(batch.out) {
     const int64_t M = x.data.size(0), K = x.data.size(1), N = out.size(1);
     if (splits_ > 1) {
-      partial_ = at::empty({splits_, entries_, M, N}, out.options().dtype(at::kFloat));
+      partial_ = new_scratch({splits_, entries_, M, N}, out.options().dtype(at::kFloat));
     }
     problem_ = Problem<T>{static_cast<const T*>(w.data.data_ptr()),
                           w.ld,
