@@ -13,10 +13,16 @@ from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_mm_variants as mmv
 from conftest import (algorithm_dtype_params, assert_gradients_match, child_env, devices,
-                      gpu_available, random_matrix, relative_error, rows_accepted)
+                      gpu_available, random_matrix, relative_error, rows_accepted, tolerance_for)
 
 
-@pytest.mark.parametrize("algorithm", ["naive", "tiled_register", "parallel", "auto"])
+def float64_algorithms() -> list[str]:
+    """Every CPU algorithm that takes float64 (the registry's dtypes), and auto."""
+    return [name for name in mmv.algorithms("cpu")
+            if "Double" in mmv._C.algorithm_dtypes("cpu", name)] + ["auto"]
+
+
+@pytest.mark.parametrize("algorithm", float64_algorithms())
 @pytest.mark.parametrize("layout", ["row", "transposed"])
 def test_gradcheck_float64(algorithm, layout):
     a = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
@@ -36,8 +42,8 @@ def test_gradient_values(device, algorithm, dtype):
     a = random_matrix(rows_accepted(algorithm, 17, 33, 9, dtype, device), 33, dtype, device)
     for layout in ["row", "col"]:
         b = random_matrix(33, 9, dtype, device, layout)
-        assert_gradients_match(algorithm, a, b, lambda x, y: mmv.matmul(x, y, algorithm),
-                               torch.mm, [a, b])
+        assert assert_gradients_match(algorithm, a, b, lambda x, y: mmv.matmul(x, y, algorithm),
+                                      torch.mm, [a, b]), f"{algorithm} refused {len(a)} rows"
 
 
 @pytest.mark.parametrize("device", devices())
@@ -288,6 +294,15 @@ class TwoLayer(nn.Module):
         return self.down(torch.relu(self.up(x)))
 
 
+def float64_twin(model: nn.Module) -> nn.Module:
+    """A TwoLayer of torch's own layers in float64 with `model`'s parameters (swapped or not): the
+    reference for its outputs and gradients, which the ops themselves, compiled or eager, would
+    share any error with."""
+    twin = TwoLayer().to(next(model.parameters()).device, torch.float64)
+    twin.load_state_dict(model.state_dict())
+    return twin
+
+
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_compile_fullgraph(device, dynamic):
@@ -299,28 +314,30 @@ def test_compile_fullgraph(device, dynamic):
     compiled = torch.compile(f, fullgraph=True, dynamic=dynamic, backend="inductor")
     for m, n, k in [(8, 16, 32), (13, 5, 7), (40, 3, 9)]:
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
-        assert relative_error(compiled(a, b), f(a, b).double()) < 1e-6
+        expected = torch.relu(a.double() @ b.double()) * 2
+        assert relative_error(compiled(a, b), expected) < tolerance_for(torch.float32, device)
 
 
 @pytest.mark.parametrize("device", devices())
 def test_compile_module_and_backward(device):
     torch._dynamo.reset()
     model = mmv.swap_linear(TwoLayer()).to(device)
+    twin = float64_twin(model)
     compiled = torch.compile(model, fullgraph=True, dynamic=True)
+    tolerance = tolerance_for(torch.float32, device)
     for batch in [3, 11]:
         x = torch.randn(2, batch, 16, device=device, requires_grad=True)
-        x_eager = x.detach().clone().requires_grad_()
+        x64 = x.detach().double().requires_grad_()
         model.zero_grad()
+        twin.zero_grad()
         y = compiled(x)
         y.sum().backward()
-        compiled_grads = [p.grad.clone() for p in model.parameters()]
-        model.zero_grad()
-        y_eager = model(x_eager)
-        y_eager.sum().backward()
-        assert relative_error(y, y_eager.double()) < 1e-6
-        assert relative_error(x.grad, x_eager.grad.double()) < 1e-6
-        for grad, p in zip(compiled_grads, model.parameters()):
-            assert relative_error(grad, p.grad.double()) < 1e-6
+        y64 = twin(x64)
+        y64.sum().backward()
+        assert relative_error(y, y64) < tolerance
+        assert relative_error(x.grad, x64.grad) < tolerance
+        for p, p64 in zip(model.parameters(), twin.parameters()):
+            assert relative_error(p.grad, p64.grad) < tolerance
 
 
 def named_algorithms(device):
@@ -337,13 +354,18 @@ def named_algorithms(device):
 def test_compile_backward_with_named_algorithms_and_dynamic_shapes(device):
     """With dynamic shapes the backward is traced with symbolic sizes, where choosing a named
     algorithm's gradient products by reading sizes failed ("Cannot call numel() on tensor with
-    symbolic sizes/strides"). Every op, with gradients checked against eager mode."""
+    symbolic sizes/strides"). Every op, with gradients checked against float64 (torch's ops); in
+    bf16 within 2e-2, the gradients passing through several roundings to bf16 (measured up to
+    4.6e-3 on the CPU)."""
     for algorithm, dtype in named_algorithms(device):
-        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        tolerance = tolerance_for(dtype, device) if dtype == torch.float32 else 2e-2
 
         def f(x, w, b3):
             y = mmv.linear(x, w, activation="relu", algorithm=algorithm)
             return mmv.matmul(y, w, algorithm) + mmv.matmul(b3, w, algorithm).sum(0)
+
+        def f64(x, w, b3):
+            return torch.relu(x @ w.t()) @ w + (b3 @ w).sum(0)
 
         torch._dynamo.reset()
         compiled = torch.compile(f, dynamic=True, backend="aot_eager")
@@ -351,12 +373,11 @@ def test_compile_backward_with_named_algorithms_and_dynamic_shapes(device):
             inputs = [torch.randn(*shape, device=device, dtype=dtype)
                       for shape in ((rows, 16), (16, 16), (2, rows, 16))]
             leaves = [t.clone().requires_grad_() for t in inputs]
-            eager_leaves = [t.clone().requires_grad_() for t in inputs]
+            leaves64 = [t.double().requires_grad_() for t in inputs]
             compiled(*leaves).sum().backward()
-            eager = f(*eager_leaves)
-            eager.sum().backward()
-            for ours, theirs in zip(leaves, eager_leaves):
-                assert relative_error(ours.grad, theirs.grad.double()) < tolerance, algorithm
+            f64(*leaves64).sum().backward()
+            for ours, theirs in zip(leaves, leaves64):
+                assert relative_error(ours.grad, theirs.grad) < tolerance, algorithm
 
 
 @pytest.mark.parametrize("device", devices())
@@ -368,27 +389,29 @@ def test_compiled_linear_backward_does_not_recompile_for_new_sizes(device):
     counter = CompileCounterWithBackend("aot_eager")
     layer = mmv.Linear(4, 5, activation="gelu").to(device)
     compiled = torch.compile(layer, dynamic=True, backend=counter)
+    weight, bias = layer.weight.detach().double(), layer.bias.detach().double()
     for rows in range(6, 12):  # none equal to another size, which duck sizing would tie
         x = torch.randn(2, rows, 4, device=device, requires_grad=True)
         compiled(x).sum().backward()
-        x_eager = x.detach().clone().requires_grad_()
-        layer(x_eager).sum().backward()
-        assert relative_error(x.grad, x_eager.grad.double()) < 1e-5
+        x64 = x.detach().double().requires_grad_()
+        nn.functional.gelu(nn.functional.linear(x64, weight, bias)).sum().backward()
+        assert relative_error(x.grad, x64.grad) < tolerance_for(torch.float32, device)
     assert counter.frame_count == 1
 
 
 @pytest.mark.skipif(not gpu_available(), reason="CUDA graphs need a GPU")
 def test_compile_reduce_overhead_replays_cuda_graphs():
     """mode="reduce-overhead" records the compiled model, ops included, in CUDA graphs and
-    replays them: each replay computes from the new input, and the model's output matches eager
-    mode at every step."""
+    replays them: each replay computes from the new input, and the model's output matches its
+    float64 twin at every step (within 2e-2: two layers of bf16 roundings)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
     model = mmv.swap_linear(TwoLayer()).to("cuda", torch.bfloat16).eval()
+    twin = float64_twin(model)
     compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
     def step():
         x = torch.randn(4, 7, 16, device="cuda", dtype=torch.bfloat16)
-        return relative_error(compiled(x).clone(), model(x).double())
+        return relative_error(compiled(x).clone(), twin(x.double()))
 
     with torch.no_grad():
         for warm_up in range(3):  # the first calls run eagerly and record the graph
@@ -402,9 +425,10 @@ def test_compile_reduce_overhead_replays_cuda_graphs():
 @pytest.mark.parametrize("device", devices())
 def test_torch_export_keeps_the_ops_and_round_trips(device, tmp_path):
     """torch.export records mm_variants' ops (not a decomposition into aten's), and the saved
-    program, loaded again, computes the eager model's output for batch sizes it was not traced
-    with."""
+    program, loaded again, computes the model's output (its float64 twin's) for batch sizes it
+    was not traced with."""
     model = mmv.swap_linear(TwoLayer()).to(device).eval()
+    twin = float64_twin(model)
     x = torch.randn(2, 5, 16, device=device)
     program = torch.export.export(model, (x,), dynamic_shapes={"x": {1: torch.export.Dim("batch")}})
     called = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
@@ -413,7 +437,7 @@ def test_torch_export_keeps_the_ops_and_round_trips(device, tmp_path):
     loaded = torch.export.load(tmp_path / "model.pt2").module()
     for batch in (3, 8):
         x = torch.randn(2, batch, 16, device=device)
-        assert relative_error(loaded(x), model(x).double()) < 1e-6
+        assert relative_error(loaded(x), twin(x.double())) < tolerance_for(torch.float32, device)
 
 
 class CallsMatmul(nn.Module):
@@ -433,15 +457,16 @@ def test_fx_symbolic_trace_records_matmul_as_one_call():
 
 
 # Exports a small MLP (swapped for ours or not), packages it with AOTInductor, loads the package
-# and checks it against the model at two new batch sizes. Run in a child process: a torch whose
-# AOTInductor cannot load packages on a machine crashes there, as torch 2.11's did on an H100
-# machine whatever the model held.
+# and checks it against a float64 copy of the model made before the swap (torch's own layers) at
+# two new batch sizes. Run in a child process: a torch whose AOTInductor cannot load packages on
+# a machine crashes there, as torch 2.11's did on an H100 machine whatever the model held.
 AOT_INDUCTOR_CHILD = """
-import sys, torch
+import copy, sys, torch
 from torch import nn
 swapped, device, path = sys.argv[1] == "swapped", sys.argv[2], sys.argv[3]
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 8, bias=False))
+reference = copy.deepcopy(model).to(device, torch.float64)
 if swapped:
     import torch_mm_variants as mmv
     mmv.swap_linear(model)
@@ -454,9 +479,9 @@ package = torch._inductor.aoti_compile_and_package(program, package_path=path)
 runner = torch._inductor.aoti_load_package(package)
 for batch in (3, 8):
     x = torch.randn(2, batch, 16, device=device)
-    expected = model(x).double()
+    expected = reference(x.double())
     error = ((runner(x).double() - expected).norm() / expected.norm()).item()
-    assert error < 1e-6, f"relative error {error:.2e} at batch {batch}"
+    assert error < 1e-5, f"relative error {error:.2e} at batch {batch}"
 print("checked")
 """
 

@@ -18,15 +18,17 @@ from conftest import (TOLERANCE, algorithm_dtype_params, dtype_params, assert_gr
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
 def test_batches(device, algorithm, dtype):
     torch.manual_seed(0)
+    checked = 0
     for batch, m, n, k in [(3, 5, 7, 9), (2, 33, 17, 65), (4, 1, 3, 1)]:  # M * N odd: padded
         a = torch.randn(batch, m, k, device=device).to(dtype)
         b = torch.randn(batch, k, n, device=device).to(dtype)
-        check_bmm(a, b, algorithm)
+        checked += check_bmm(a, b, algorithm)
         transposed = lambda t: t.transpose(1, 2).contiguous().transpose(1, 2)  # noqa: E731
-        check_bmm(transposed(a), transposed(b), algorithm)
-        check_bmm(a, b[0], algorithm)  # shared b
+        checked += check_bmm(transposed(a), transposed(b), algorithm)
+        checked += check_bmm(a, b[0], algorithm)  # shared b
         w = torch.randn(n, k, device=device).to(dtype)
-        check_bmm(a, w.t(), algorithm)  # shared nn.Linear weight, read in place
+        checked += check_bmm(a, w.t(), algorithm)  # shared nn.Linear weight, read in place
+    assert checked > 0, f"{algorithm} refused every batch"
 
 
 def batched_params() -> list:
@@ -415,8 +417,9 @@ def test_gradient_values(device, algorithm, dtype):
     a = torch.randn(2, rows_accepted(algorithm, 17, 33, 9, dtype, device), 33, device=device)
     a = a.to(dtype)
     for b in [torch.randn(2, 33, 9, device=device).to(dtype), random_matrix(33, 9, dtype, device)]:
-        assert_gradients_match(algorithm, a[0], b if b.dim() == 2 else b[0],
-                               lambda x, y: mmv.matmul(x, y, algorithm), torch.matmul, [a, b])
+        assert assert_gradients_match(algorithm, a[0], b if b.dim() == 2 else b[0],
+                                      lambda x, y: mmv.matmul(x, y, algorithm), torch.matmul,
+                                      [a, b]), f"{algorithm} refused {a.shape[1]} rows"
 
 
 @pytest.mark.parametrize("device", devices())

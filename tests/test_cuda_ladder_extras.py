@@ -14,7 +14,7 @@ import torch
 
 import torch_mm_variants as mmv
 from conftest import (DTYPE_BY_C10_NAME, capture_graph, child_env, dtype_params, gpu_available,
-                      on_side_stream, relative_error, rows_accepted, tolerance_for)
+                      on_side_stream, relative_error, rows_accepted, run_accepted, tolerance_for)
 
 pytestmark = pytest.mark.skipif(not gpu_available(), reason="needs a CUDA GPU and a CUDA build")
 
@@ -38,19 +38,18 @@ def a_dtype_of(algorithm: str, device: str = "cuda") -> torch.dtype:
     return torch.float32 if torch.float32 in dtypes else dtypes[0]
 
 
-def if_accepted(run):
-    """run()'s result, or None when its algorithm refuses these inputs by design (a rung made for
-    few rows of a, say); test_errors.py covers the refusals themselves."""
-    try:
-        return run()
-    except RuntimeError as error:
-        if "cannot take these inputs" in str(error):
-            return None
-        raise
+def if_accepted(algorithm: str, a: torch.Tensor, b: torch.Tensor, run):
+    """run()'s result, or None where `algorithm` refuses the product a @ b (one entry's, for a
+    batch) by design, as algorithm_accepts says (a rung made for few rows of a, say), after
+    checking that run() refuses it with that reason (run_accepted). Where it accepts, run() must
+    succeed: a failure is not taken for a refusal."""
+    result = run_accepted(algorithm, a, b, run)
+    return None if result is None else result[0]
 
 
 def matmul_if_accepted(a: torch.Tensor, b: torch.Tensor, algorithm: str):
-    return if_accepted(lambda: mmv.matmul(a, b, algorithm))
+    entry = a[0] if a.dim() == 3 else a
+    return if_accepted(algorithm, entry, b, lambda: mmv.matmul(a, b, algorithm))
 
 
 def check(out: torch.Tensor, a: torch.Tensor, b: torch.Tensor, tolerance: float) -> None:
@@ -171,9 +170,9 @@ def test_cuda_graph_capture_and_replay(algorithm, dtype):
     rows = rows_accepted(algorithm, 60, 67, 300, dtype, "cuda")
     a = torch.randn(rows, 67, device="cuda").to(dtype)
     b = torch.randn(67, 300, device="cuda").to(dtype).t().contiguous().t()  # column-major
-    # Warm-up outside the capture (module load, opt-ins).
-    if on_side_stream(lambda: matmul_if_accepted(a, b, algorithm)) is None:
-        pytest.skip(f"{algorithm} does not take these inputs")
+    # Warm-up outside the capture (module load, opt-ins); the rung takes these rows.
+    warm_up = on_side_stream(lambda: matmul_if_accepted(a, b, algorithm))
+    assert warm_up is not None, f"{algorithm} refused {rows} rows"
     graph, out = capture_graph(lambda: mmv.matmul(a, b, algorithm))
     for _ in range(2):
         a.copy_(torch.randn_like(a, dtype=torch.float32))
@@ -268,16 +267,19 @@ def test_operand_past_2_31_elements(operand, dtype):
         b = big.view(SMALL_K, LARGE) if row_major else big.view(LARGE, SMALL_K).t()
     # The last 256 rows or columns of the large dimension lie past element 2^31.
     tail = slice(LARGE - 256, LARGE)
+    rungs_run = 0
     for algorithm in ["auto", *algorithms_taking(dtype)]:
         tolerance = tolerance_for(dtype, "cuda")
         out = matmul_if_accepted(a, b, algorithm)
         if out is None:
             continue
+        rungs_run += algorithm != "auto"
         if operand.startswith("a"):
             check(out[tail], a[tail], b, tolerance)
         else:
             check(out[:, tail], a, b[:, tail], tolerance)
         del out
+    assert rungs_run > 0, "every rung refused the product"
 
 
 def algorithms_taking(dtype: torch.dtype) -> list[str]:
@@ -317,6 +319,7 @@ def test_output_past_2_31_elements(op, dtype):
     w = torch.randn(BIG_N, BIG_K, device="cuda", dtype=dtype)
     bias = torch.randn(BIG_N, device="cuda", dtype=dtype) if op == "linear" else None
     batch = torch.stack([torch.randn_like(a[:2 ** 15]), a[:2 ** 15]]) if op == "bmm" else None
+    rungs_run = 0
     for algorithm in ["auto", *algorithms_taking(dtype)]:
         tolerance = tolerance_for(dtype, "cuda")
         if op == "bmm":  # 2 x 32768 x 32773: its second entry ends past element 2^31
@@ -324,13 +327,16 @@ def test_output_past_2_31_elements(op, dtype):
             entry = None if out is None else out[1]
             a_entry = batch[1]
         else:
-            out = entry = if_accepted(lambda: mmv.linear(a, w, bias, algorithm=algorithm)
+            out = entry = if_accepted(algorithm, a, w.t(),
+                                      lambda: mmv.linear(a, w, bias, algorithm=algorithm)
                                       if op == "linear" else mmv.matmul(a, w.t(), algorithm))
             a_entry = a
         if entry is not None:
+            rungs_run += algorithm != "auto"
             check_corners(entry, a_entry, w.t(), tolerance, bias)
         out = entry = None
         torch.cuda.empty_cache()
+    assert rungs_run > 0, "every rung refused the product"
 
 
 # K within one k tile (8 or 32) of 2^31: a k loop that steps k0 by the tile while k0 < K would
@@ -356,8 +362,7 @@ def test_k_within_a_tile_of_int_max(algorithm):
     a = torch.randint(-3, 4, (1, K_NEAR_INT_MAX), device="cuda", dtype=torch.bfloat16)
     b = torch.randint(-3, 4, (K_NEAR_INT_MAX, 1), device="cuda", dtype=torch.bfloat16)
     out = matmul_if_accepted(a, b, algorithm)
-    if out is None:
-        return
+    assert out is not None, f"{algorithm} refused one row"  # every rung takes 16 or more
     exact = sum((a[0, i:i + chunk].double() @ b[i:i + chunk, 0].double()).item()
                 for i in range(0, K_NEAR_INT_MAX, chunk))
     expected = torch.tensor(exact, dtype=torch.bfloat16).item()  # the sum rounded to bf16
@@ -377,8 +382,7 @@ def test_columns_up_to_int_max(algorithm):
     a = torch.randn(2, 1, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(1, n, device="cuda", dtype=torch.bfloat16)
     out = matmul_if_accepted(a, b, algorithm)
-    if out is None:
-        return
+    assert out is not None, f"{algorithm} refused two rows"  # every rung takes 16 or more
     tolerance = tolerance_for(torch.bfloat16, "cuda")
     for cols in (slice(0, 64), slice(n - 64, n)):
         check(out[:, cols], a, b[:, cols], tolerance)

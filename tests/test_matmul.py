@@ -15,11 +15,18 @@ BASE = 61  # the other two dimensions while one is swept (under the skinny kerne
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
 
 
-def sweep(device: str) -> list[tuple[int, int, int]]:
-    """Sizes varying one of M, N, K at a time around BASE."""
+def sweep(device: str, algorithm: str, dtype: torch.dtype) -> list[tuple[int, int, int]]:
+    """Sizes varying one of M, N, K at a time around BASE. While N or K varies, M is BASE or as
+    many rows as `algorithm` takes (rows_accepted): a rung made for a few tokens (skinny_gemv
+    takes 16) then meets every edge size of N and K, not only those of the M sweep's M = 1 and
+    7."""
     sizes = GPU_EDGE_SIZES if device == "cuda" else EDGE_SIZES
-    return ([(s, BASE, BASE) for s in sizes] + [(BASE, s, BASE) for s in sizes]
-            + [(BASE, BASE, s) for s in sizes])
+
+    def rows(n: int, k: int) -> int:
+        return rows_accepted(algorithm, BASE, k, n, dtype, device)
+
+    return ([(s, BASE, BASE) for s in sizes] + [(rows(s, BASE), s, BASE) for s in sizes]
+            + [(rows(BASE, s), BASE, s) for s in sizes])
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=lambda l: f"{l[0]}-{l[1]}")
@@ -31,7 +38,7 @@ def test_sizes_and_layouts(device, algorithm, dtype, layout):
     torch.manual_seed(0)
     packings = ["", "padded-"] if device == "cuda" else [""]
     checked = 0
-    for m, n, k in sweep(device):
+    for m, n, k in sweep(device, algorithm, dtype):
         for packing in packings:
             a = random_matrix(m, k, dtype, device, packing + layout[0])
             b = random_matrix(k, n, dtype, device, packing + layout[1])
@@ -41,11 +48,13 @@ def test_sizes_and_layouts(device, algorithm, dtype, layout):
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
 def test_sliced_inputs_with_offset(device, algorithm, dtype):
+    checked = 0
     for m, n, k in [(33, 65, 129), (128, 128, 128), (5, 300, 17)]:
         a = random_matrix(m, k, dtype, device, "sliced")
         b = random_matrix(k, n, dtype, device, "sliced")
-        assert_matches_reference(a, b, algorithm)
-        assert_matches_reference(a, b[:, ::2], algorithm)  # no unit stride at all
+        checked += assert_matches_reference(a, b, algorithm)
+        checked += assert_matches_reference(a, b[:, ::2], algorithm)  # no unit stride at all
+    assert checked > 0, f"{algorithm} refused every case"
 
 
 def unusual_strides(m, n, k, dtype, device):
@@ -89,20 +98,28 @@ def test_larger_square(device, algorithm, dtype):
     """n x n x n off every tile, or as many rows as a rung made for a few tokens takes."""
     n = 517 if device == "cuda" else 259
     m = rows_accepted(algorithm, n, n, n, dtype, device)
-    assert_matches_reference(random_matrix(m, n, dtype, device), random_matrix(n, n, dtype, device),
-                             algorithm)
+    assert assert_matches_reference(random_matrix(m, n, dtype, device),
+                                    random_matrix(n, n, dtype, device), algorithm), (
+        f"{algorithm} refused {m} x {n} x {n}")
 
 
 @pytest.mark.parametrize("device,algorithm", algorithm_params())
 def test_empty_dimensions(device, algorithm):
-    for m, n, k in [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0)]:
+    """Empty products are zeros of their shape, on every rung: the op asks the rung's `accepts`
+    first, and every rung takes these (the only rules that refuse, the skinny rungs', read M
+    alone, and take at least 16 rows)."""
+    cases = [(0, 5, 3), (4, 0, 3), (4, 5, 0), (0, 0, 0)]
+    checked = 0
+    for m, n, k in cases:
         a, b = torch.randn(m, k, device=device), torch.randn(k, n, device=device)
         result = run_checked(a, b, algorithm)
         if result is None:
             continue
+        checked += 1
         out, _ = result
         assert out.shape == (m, n)
         assert torch.equal(out, torch.zeros(m, n, device=device))
+    assert checked == len(cases), f"{algorithm} refused {len(cases) - checked} empty products"
 
 
 @pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
@@ -133,8 +150,24 @@ def test_inputs_are_not_written(device, algorithm):
     m = rows_accepted(algorithm, 40, 30, 20, torch.float32, device)
     a, b = torch.randn(m, 30, device=device), torch.randn(30, 20, device=device)
     a_copy, b_copy = a.clone(), b.clone()
-    run_checked(a, b, algorithm)
+    assert run_checked(a, b, algorithm) is not None, f"{algorithm} refused {m} rows"
     assert torch.equal(a, a_copy) and torch.equal(b, b_copy)
+
+
+@pytest.mark.parametrize("device,algorithm,dtype", algorithm_dtype_params())
+def test_every_rung_takes_a_small_aligned_product(device, algorithm, dtype):
+    """Every algorithm takes, in every dtype it lists, a [7, 64] @ [64, 16] product against a
+    row-major b and an nn.Linear weight's w.t(), and computes it: by the rungs' `accepts` rules
+    (csrc/cuda/*.cu), the only refusals are of rows (the skinny rungs take up to 64, 128 and 16),
+    and 7 rows are within all of them; rows of 64 and 16 elements are 16-byte aligned in every
+    dtype, so wgmma's and skinny_tma's TMA copies take the operands in place. A rung that refused
+    such a product would pass the sweeps above on the few products it takes."""
+    torch.manual_seed(0)
+    a = random_matrix(7, 64, dtype, device)
+    for layout in ["row", "col"]:
+        b = random_matrix(64, 16, dtype, device, layout)
+        assert mmv._C.algorithm_accepts(algorithm, a, b) == (True, ""), layout
+        assert assert_matches_reference(a, b, algorithm), layout
 
 
 @pytest.mark.parametrize("device", devices())

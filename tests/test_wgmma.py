@@ -17,9 +17,9 @@ import pytest
 import torch
 
 import torch_mm_variants as mmv
-from conftest import (assert_matches_reference, capture_graph, gpu_available, kernel_sass,
-                      launched_kernels, product_kernels, random_matrix, sm90a_available,
-                      tolerance_for)
+from conftest import (assert_matches_reference, capture_graph, gpu_available, gpu_capability,
+                      kernel_sass, launched_kernels, product_kernels, random_matrix,
+                      sm90a_available, tolerance_for)
 
 ALGORITHM = "wgmma"
 LAYOUTS = [("row", "row"), ("row", "col"), ("col", "row"), ("col", "col")]
@@ -47,6 +47,18 @@ def padded_view(rows, cols, layout, dtype):
 
 def test_only_cuda_builds_report_sm90a():
     assert mmv.has_cuda() or not mmv._C.has_sm90a()
+
+
+@pytest.mark.skipif(gpu_capability() != (9, 0), reason="needs an sm_90 GPU")
+def test_sm90_gpus_run_a_build_with_sm90a():
+    """On an sm_90 GPU the build must hold the sm_90a kernels: without them wgmma and skinny_tma
+    are not listed, and their tests skip as on other GPUs, which passes unnoticed. A build made
+    without them on purpose is allowed with MM_VARIANTS_ALLOW_NO_SM90A=1."""
+    if os.environ.get("MM_VARIANTS_ALLOW_NO_SM90A") == "1":
+        pytest.skip("MM_VARIANTS_ALLOW_NO_SM90A=1 allows a build without sm_90a")
+    assert mmv._C.has_sm90a(), (
+        "this sm_90 GPU runs a build without sm_90a (TORCH_CUDA_ARCH_LIST without 9.0a): the "
+        "Hopper rungs' tests would skip; build with it, or set MM_VARIANTS_ALLOW_NO_SM90A=1")
 
 
 @pytest.mark.skipif(not gpu_available() or sm90a_available(),
